@@ -32,3 +32,12 @@ def gsm8k_mirror():
     if not (path / "train.jsonl").is_file():
         pytest.skip(f"GSM8K mirror not found at {path}: set GSM8K_MIRROR to a directory with train/test.jsonl")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer, tiny_model):
+    """The tiny model and tokenizer saved in HF format, as vLLM and ``from_pretrained`` load them."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    tiny_model.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path

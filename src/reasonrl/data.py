@@ -6,12 +6,21 @@ an error that names the file and line: a silently skipped example changes the da
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import random
 import re
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from reasonrl.atomic import atomic_directory
+
 ANSWER_DELIMITER = "####"
+SPLITS = ("train", "test")
+# The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
+MIRROR_ENV_VAR = "GSM8K_MIRROR"
 # GSM8K writes thousands as "1,000"; a comma elsewhere (a list "3, 4") is not a separator.
 _THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
@@ -71,8 +80,78 @@ def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> G
     return GSM8KExample(question=record["question"].strip(), reasoning=reasoning, answer=answer)
 
 
+def parse_lines(lines: list[str], source: str) -> list[GSM8KExample]:
+    """Parse every line (blank lines are errors too); ``source`` names the file in errors."""
+    return [parse_record(line, source, number) for number, line in enumerate(lines, start=1)]
+
+
 def load_gsm8k(path: str | Path) -> list[GSM8KExample]:
-    """Read and validate every line of a GSM8K jsonl file (blank lines are errors too)."""
+    """Read and validate every line of a GSM8K jsonl file."""
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        return [parse_record(line, str(path), number) for number, line in enumerate(handle, start=1)]
+    return parse_lines(path.read_text(encoding="utf-8").splitlines(), str(path))
+
+
+def resolve_source(mirror: str | None, url: str) -> str:
+    """Where the GSM8K files come from: the ``data.mirror`` directory, else ``$GSM8K_MIRROR``, else ``url``."""
+    return mirror or os.environ.get(MIRROR_ENV_VAR) or url
+
+
+def fetch(source: str, split: str) -> tuple[bytes, str]:
+    """The raw bytes of ``<source>/<split>.jsonl`` (a local directory or a URL) and the location read."""
+    if source.startswith(("http://", "https://")):
+        location = f"{source.rstrip('/')}/{split}.jsonl"
+        try:
+            with urllib.request.urlopen(location, timeout=60) as response:
+                return response.read(), location
+        except OSError as error:
+            raise DataFormatError(
+                f"{location}: download failed ({error}); set data.mirror or ${MIRROR_ENV_VAR} to a directory "
+                f"holding train.jsonl and test.jsonl"
+            ) from None
+    path = Path(source) / f"{split}.jsonl"
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such file (GSM8K mirror from data.mirror or ${MIRROR_ENV_VAR})")
+    return path.read_bytes(), str(path)
+
+
+def verify_sha256(content: bytes, expected: str, location: str, param: str) -> None:
+    actual = hashlib.sha256(content).hexdigest()
+    if actual != expected:
+        raise DataFormatError(
+            f"{location}: SHA-256 {actual} does not match {param} = {expected}; "
+            f"the file is corrupt or not the official GSM8K release"
+        )
+
+
+def split_train_val(lines: list[str], val_size: int, seed: int) -> tuple[list[str], list[str]]:
+    """Shuffle indices with ``seed``; the first ``val_size`` go to val. Both keep the file's order."""
+    if val_size >= len(lines):
+        raise ValueError(f"data.val_size={val_size} leaves no training data ({len(lines)} train examples)")
+    order = list(range(len(lines)))
+    random.Random(seed).shuffle(order)
+    val_indices = set(order[:val_size])
+    train = [line for index, line in enumerate(lines) if index not in val_indices]
+    val = [line for index, line in enumerate(lines) if index in val_indices]
+    return train, val
+
+
+def download_gsm8k(
+    source: str, sha256: dict[str, str], val_size: int, split_seed: int, out_dir: str | Path
+) -> dict[str, int]:
+    """Fetch, verify and validate GSM8K, split train into train/val, write ``{train,val,test}.jsonl`` atomically.
+
+    Returns the number of examples per written split.
+    """
+    verified: dict[str, list[str]] = {}
+    for split in SPLITS:
+        content, location = fetch(source, split)
+        verify_sha256(content, sha256[split], location, f"data.sha256.{split}")
+        lines = content.decode("utf-8").splitlines()
+        parse_lines(lines, location)
+        verified[split] = lines
+    train, val = split_train_val(verified["train"], val_size, split_seed)
+    splits = {"train": train, "val": val, "test": verified["test"]}
+    with atomic_directory(out_dir) as staging:
+        for name, lines in splits.items():
+            (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return {name: len(lines) for name, lines in splits.items()}

@@ -1,0 +1,29 @@
+"""What every stage script shares: its argument parser and how a user error ends the stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from reasonrl.config import ConfigError
+from reasonrl.data import DataFormatError
+from reasonrl.models import ModelSourceError
+
+# Errors in the user's params, data or model source: a one-line message, no traceback, exit status 2.
+USER_ERRORS = (ConfigError, DataFormatError, ModelSourceError)
+
+
+def stage_parser(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
+    return parser
+
+
+def run_stage(main: Callable[[], None]) -> None:
+    """Run a stage's ``main``; a user error prints ``error: ...`` naming its source and exits with status 2."""
+    try:
+        main()
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,70 @@
+"""The base model: a hub id, a local HF directory, or the tiny model built here."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from reasonrl.atomic import atomic_directory
+from reasonrl.data import GSM8KExample
+from reasonrl.prompts import PROMPT_NAMES, load_prompt
+from reasonrl.tiny_model import TinyModelSpec, build_tiny_model, train_tokenizer
+
+TINY = "tiny"
+REQUIRED_FILES = ("config.json",)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+class ModelSourceError(ValueError):
+    """``model.name`` does not lead to a usable model; the message says how to supply one."""
+
+
+def validate_model_dir(path: Path) -> None:
+    """A directory ``from_pretrained`` and vLLM can load: a config, weights and a tokenizer."""
+    missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        missing.append("*.safetensors (weights)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append("tokenizer.json (tokenizer)")
+    if missing:
+        raise ModelSourceError(f"{path}: not a Hugging Face model directory, missing {', '.join(missing)}")
+
+
+def tokenizer_corpus(examples: list[GSM8KExample]) -> list[str]:
+    """Text a tiny tokenizer learns from: the prompts and the worked solutions it will see."""
+    templates = [load_prompt(name) for name in PROMPT_NAMES]
+    return templates + [f"{example.question}\n{example.reasoning}\n{example.answer}" for example in examples]
+
+
+def prepare_base_model(name: str, tiny_spec: TinyModelSpec, seed: int, train: list[GSM8KExample], out_dir: Path) -> str:
+    """Materialise the base model in ``out_dir`` (atomically); returns a one-line description of the source."""
+    if name == TINY:
+        tokenizer = train_tokenizer(tokenizer_corpus(train), tiny_spec.vocab_size)
+        model = build_tiny_model(tokenizer, tiny_spec, seed)
+        with atomic_directory(out_dir) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+        return f"tiny Qwen2 ({sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)})"
+
+    local = Path(name).expanduser()
+    if local.is_dir():
+        validate_model_dir(local)
+        with atomic_directory(out_dir) as staging:
+            shutil.copytree(local, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".cache"))
+        return f"local directory {local.resolve()}"
+    if local.exists() or name.startswith((".", "/", "~")):
+        raise ModelSourceError(f"model.name: {name} is not a directory (expected a HF model directory)")
+
+    from huggingface_hub import snapshot_download
+
+    with atomic_directory(out_dir) as staging:
+        try:
+            snapshot_download(repo_id=name, local_dir=staging)
+        except Exception as error:  # noqa: BLE001 — the hub raises many types; all mean "not reachable/no such model"
+            raise ModelSourceError(
+                f"model.name: could not download {name!r} from the Hugging Face hub ({type(error).__name__}: "
+                f"{error}). Offline? Download it on a connected machine (`hf download {name} --local-dir DIR`), "
+                f"copy DIR here and set model.name to that directory."
+            ) from None
+        validate_model_dir(staging)
+    return f"hub {name}"

@@ -1,0 +1,34 @@
+"""Stage baseline: zero-shot test accuracy of the base model, once per prompt (r1_zero, question_only)."""
+
+from pathlib import Path
+
+from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
+from reasonrl.cli import run_stage, stage_parser
+from reasonrl.config import load_params
+from reasonrl.data import load_gsm8k
+from reasonrl.evaluation import evaluate
+from reasonrl.rollout import RolloutEngine
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--model", required=True, help="base model directory")
+    parser.add_argument("--data", required=True, help="directory with test.jsonl")
+    parser.add_argument("--metrics", required=True, help="metrics JSON to write")
+    parser.add_argument("--generations", required=True, help="directory for one <prompt>.jsonl per prompt")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    test = load_gsm8k(Path(args.data) / "test.jsonl")
+
+    engine = RolloutEngine(args.model, params.rollout)
+    results = {name: evaluate(engine, test, name, params.eval) for name in params.baseline.prompts}
+    with atomic_directory(args.generations) as staging:
+        for name, result in results.items():
+            atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
+    atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
+    for name, result in results.items():
+        print(f"{name}: accuracy {result.metrics['accuracy']:.3f}, format rate {result.metrics['format_rate']:.3f}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,80 @@
+"""params.yaml validation: every error names the dotted parameter; presets only touch existing parameters."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasonrl.config import ConfigError, Params, from_dict, load_params
+from reasonrl.presets import apply_overrides, apply_to_file, as_set_params, checked_overrides, load_preset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_repository_params_are_valid_full_scale():
+    params = load_params(REPO / "params.yaml")
+    assert params.model.name == "Qwen/Qwen2.5-Math-1.5B"
+    assert params.rollout.layout == "split"
+    assert (params.eval.temperature, params.eval.top_p, params.eval.max_tokens) == (1.0, 1.0, 1024)
+    assert params.eval.stop == ["</answer>"]
+    assert params.eval.num_examples is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"eval": {"temperature": -1}}, "eval.temperature: must be ≥ 0"),
+        ({"eval": {"top_p": 0}}, r"eval.top_p: must be in \(0, 1\]"),
+        ({"eval": {"max_tokens": "many"}}, "eval.max_tokens: must be int"),
+        ({"eval": {"min_tokens": 2000}}, "eval.min_tokens: must be in"),
+        ({"eval": {"tempreature": 1.0}}, "eval.tempreature: unknown parameter"),
+        ({"rollout": {"layout": "tpu"}}, "rollout.layout: must be one of"),
+        ({"baseline": {"prompts": ["cot"]}}, r"baseline.prompts: unknown \['cot'\]"),
+        ({"data": {"val_size": 0}}, "data.val_size: must be ≥ 1"),
+        ({"data": {"sha256": {"train": "x"}}}, "data.sha256: needs exactly the keys train and test"),
+        ({"model": {"tiny": {"hidden_size": 96}}}, "model.tiny: hidden_size/num_heads must be 64"),
+        ({"grpo": {}}, "grpo: unknown parameter"),
+        ({"eval": {"num_examples": True}}, "eval.num_examples: must be int"),
+    ],
+)
+def test_invalid_params_name_the_parameter(tmp_path, override, message):
+    tree = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in override.items():
+        tree.setdefault(section, {}).update(values)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError, match=message) as error:
+        load_params(path)
+    assert str(error.value).startswith(f"{path}: ")
+
+
+def test_cpu_preset_selects_tiny_model_and_cpu_layout():
+    overrides = checked_overrides("cpu", REPO / "params.yaml")
+    tree = yaml.safe_load((REPO / "params.yaml").read_text())
+    apply_overrides(tree, overrides)
+    params = from_dict(Params, tree)
+    assert params.model.name == "tiny"
+    assert params.rollout.layout == "cpu"
+    assert params.eval.max_tokens < 1024 and params.eval.num_examples is not None
+
+
+def test_preset_as_dvc_set_params_quotes_values():
+    assert as_set_params({"model.name": "tiny", "eval.num_examples": 200, "x.y": None}) == (
+        "'-Smodel.name=\"tiny\"' -Seval.num_examples=200 -Sx.y=null"
+    )
+
+
+def test_preset_applied_to_file_keeps_comments(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text())
+    apply_to_file(load_preset("cpu"), path)
+    text = path.read_text()
+    assert "# hub id, local HF directory, or `tiny`" in text
+    assert load_params(path).model.name == "tiny"
+
+
+def test_preset_cannot_invent_parameters():
+    with pytest.raises(ConfigError, match="no parameter 'nme'"):
+        apply_overrides({"model": {"name": "x"}}, {"model.nme": "tiny"})
+    with pytest.raises(ConfigError, match="unknown preset 'gpu9'"):
+        load_preset("gpu9")
