@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from reasonrl import (
-    compute_grpo_clip_loss,
     compute_group_normalized_rewards,
+    compute_grpo_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     grpo_microbatch_train_step,
@@ -179,11 +179,19 @@ def test_grpo_microbatch_train_step_matches_handout_example(length_normalization
 def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
     with pytest.raises(ValueError, match="length_normalization must be one of"):
         grpo_microbatch_train_step(
-            torch.zeros(1, 2, requires_grad=True), torch.ones(1, 2), 1, "no_baseline",
-            raw_rewards=torch.ones(1, 1), length_normalization="sum",
+            torch.zeros(1, 2, requires_grad=True),
+            torch.ones(1, 2),
+            1,
+            "no_baseline",
+            raw_rewards=torch.ones(1, 1),
+            length_normalization="sum",
         )
     with pytest.raises(ValueError, match="needs normalize_constant"):
         grpo_microbatch_train_step(
-            torch.zeros(1, 2, requires_grad=True), torch.ones(1, 2), 1, "no_baseline",
-            raw_rewards=torch.ones(1, 1), length_normalization="masked_normalize",
+            torch.zeros(1, 2, requires_grad=True),
+            torch.ones(1, 2),
+            1,
+            "no_baseline",
+            raw_rewards=torch.ones(1, 1),
+            length_normalization="masked_normalize",
         )

@@ -28,7 +28,10 @@ def pipeline_repo(tmp_path_factory, gsm8k_mirror):
     clone = tmp_path_factory.mktemp("repo")
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split("\0")
     for name in filter(None, listed):
         if (REPO / name).is_file():
@@ -38,7 +41,10 @@ def pipeline_repo(tmp_path_factory, gsm8k_mirror):
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "GSM8K_MIRROR": str(gsm8k_mirror),
-        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
     }
     apply_to_file({**load_preset("cpu"), **TEST_OVERRIDES}, clone / "params.yaml")
     run(["git", "init", "-q"], clone, env)

@@ -13,7 +13,7 @@ def test_shapes_shift_mask_and_padding(tiny_tokenizer):
 
     prompt_ids = [tiny_tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     output_ids = [tiny_tokenizer(o, add_special_tokens=False)["input_ids"] for o in outputs]
-    full = [p + o for p, o in zip(prompt_ids, output_ids)]
+    full = [p + o for p, o in zip(prompt_ids, output_ids, strict=True)]
     length = max(map(len, full))
     pad = tiny_tokenizer.pad_token_id
 

@@ -5,8 +5,8 @@ The algorithm core follows CS336 assignment 5's names, signatures and semantics.
 
 from reasonrl.logprobs import compute_entropy, get_response_log_probs
 from reasonrl.losses import (
-    compute_grpo_clip_loss,
     compute_group_normalized_rewards,
+    compute_grpo_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     grpo_microbatch_train_step,

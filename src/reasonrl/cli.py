@@ -27,3 +27,11 @@ def run_stage(main: Callable[[], None]) -> None:
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def open_live(directory: str):
+    """DVCLive for a stage that DVC or Snakemake runs: the pipeline file declares its outputs, so DVCLive neither
+    writes a dvc.yaml nor saves an experiment of its own."""
+    from dvclive import Live
+
+    return Live(directory, resume=False, save_dvc_exp=False, dvcyaml=False)

@@ -114,6 +114,97 @@ class BaselineConfig:
 
 
 @dataclass(frozen=True)
+class SFTOptimization:
+    """Optimisation of one supervised fine-tuning run (shared by ``sft`` and each expert-iteration round)."""
+
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate (linear warm-up, then constant)."""
+    warmup_ratio: float = 0.05
+    """Fraction of the optimizer steps spent warming the learning rate up from 0."""
+    batch_size: int = 32
+    """Sequences per optimizer step (the effective batch)."""
+    microbatch_size: int = 4
+    """Sequences per forward/backward; batch_size / microbatch_size = gradient accumulation steps."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm)."""
+    weight_decay: float = 0.0
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory for long sequences, ~30% slower."""
+    seed: int = 0
+    """Data order and any training randomness."""
+
+    def _validate_optimization(self, section: str) -> None:
+        _require(self.learning_rate > 0, f"{section}.learning_rate", f"must be > 0, got {self.learning_rate}")
+        _require(0 <= self.warmup_ratio < 1, f"{section}.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+        _require(self.microbatch_size >= 1, f"{section}.microbatch_size", "must be ≥ 1")
+        _require(
+            self.batch_size >= 1 and self.batch_size % self.microbatch_size == 0,
+            f"{section}.batch_size",
+            f"must be a positive multiple of {section}.microbatch_size={self.microbatch_size}, got {self.batch_size}",
+        )
+        _require(self.max_grad_norm > 0, f"{section}.max_grad_norm", "must be > 0")
+        _require(self.weight_decay >= 0, f"{section}.weight_decay", "must be ≥ 0")
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.batch_size // self.microbatch_size
+
+
+@dataclass(frozen=True)
+class SFTConfig(SFTOptimization):
+    """``sft``: supervised fine-tuning of the base model on reference chains of thought (handout Algorithm 1)."""
+
+    dataset: Literal["full", "filtered"] = "filtered"
+    """``full``: every GSM8K train example; ``filtered``: those whose reference CoT is verified correct."""
+    num_examples: int | None = None
+    """Train on the first N pairs (the handout's sweep: 128, 256, 512, 1024); null = all."""
+    epochs: int = 1
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (null: run all epochs)."""
+    eval_every: int = 50
+    """Optimizer steps between validation evaluations (one more at the end)."""
+    eval_examples: int = 500
+    """Validation questions per evaluation."""
+
+    def __post_init__(self) -> None:
+        self._validate_optimization("sft")
+        _require(self.num_examples is None or self.num_examples >= 1, "sft.num_examples", "must be ≥ 1 or null")
+        _require(self.epochs >= 1, "sft.epochs", "must be ≥ 1")
+        _require(self.max_steps is None or self.max_steps >= 1, "sft.max_steps", "must be ≥ 1 or null")
+        _require(self.eval_every >= 1, "sft.eval_every", "must be ≥ 1")
+        _require(self.eval_examples >= 1, "sft.eval_examples", "must be ≥ 1")
+
+
+@dataclass(frozen=True)
+class EIConfig(SFTOptimization):
+    """``ei``: expert iteration (handout Algorithm 2): sample, keep the correct answers, fine-tune on them."""
+
+    init_model: Literal["base", "sft"] = "base"
+    """Model the rounds start from."""
+    n_steps: int = 5
+    """Rounds of sample → filter → SFT."""
+    questions_per_step: int = 512
+    """Train questions sampled per round (the handout's batch size Db)."""
+    num_rollouts: int = 4
+    """Responses per question (G)."""
+    sft_epochs: int = 1
+    """SFT epochs over each round's kept pairs."""
+    temperature: float = 1.0
+    min_tokens: int = 4
+    """Rollouts shorter than this cannot end: no empty answers."""
+    max_tokens: int = 1024
+    eval_examples: int = 500
+    """Validation questions evaluated after each round."""
+
+    def __post_init__(self) -> None:
+        self._validate_optimization("ei")
+        for name in ("n_steps", "questions_per_step", "num_rollouts", "sft_epochs", "max_tokens", "eval_examples"):
+            _require(getattr(self, name) >= 1, f"ei.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        _require(self.temperature > 0, "ei.temperature", "must be > 0 (sampling)")
+        _require(0 <= self.min_tokens <= self.max_tokens, "ei.min_tokens", "must be in [0, ei.max_tokens]")
+
+
+@dataclass(frozen=True)
 class Params:
     """All of ``params.yaml``."""
 
@@ -122,6 +213,8 @@ class Params:
     rollout: EngineConfig = field(default_factory=EngineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    ei: EIConfig = field(default_factory=EIConfig)
 
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:
@@ -150,7 +243,9 @@ def _convert(value: Any, annotation: Any, name: str) -> Any:
         _, inner = typing.get_args(annotation)
         return {str(key): _convert(item, inner, f"{name}.{key}") for key, item in value.items()}
     if annotation is float:
-        _require(isinstance(value, int | float) and not isinstance(value, bool), name, f"must be a number, got {value!r}")
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool), name, f"must be a number, got {value!r}"
+        )
         return float(value)
     if annotation in (int, str, bool):
         _require(

@@ -50,7 +50,7 @@ class _Parser:
         while position < len(text.rstrip()):
             match = _TOKEN.match(text, position)
             if not match:
-                raise ValueError(f"unexpected {text[position:position + 10]!r}")
+                raise ValueError(f"unexpected {text[position : position + 10]!r}")
             self.tokens.append(match.group(1))
             position = match.end()
         self.index = 0

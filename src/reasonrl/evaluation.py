@@ -60,9 +60,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate(
-    engine: RolloutEngine, examples: list[GSM8KExample], prompt_name: str, config: EvalConfig
-) -> EvalResult:
+def evaluate(engine: RolloutEngine, examples: list[GSM8KExample], prompt_name: str, config: EvalConfig) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
     that prompt's reward function."""
     template, reward_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name]

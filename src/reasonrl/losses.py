@@ -80,7 +80,9 @@ def compute_group_normalized_rewards(
         )
     if group_size < 1 or len(rollout_responses) % group_size:
         raise ValueError(f"{len(rollout_responses)} responses do not split into groups of group_size={group_size}")
-    scores = [reward_fn(response, truth) for response, truth in zip(rollout_responses, repeated_ground_truths)]
+    scores = [
+        reward_fn(response, truth) for response, truth in zip(rollout_responses, repeated_ground_truths, strict=True)
+    ]
     raw_rewards = torch.tensor([score["reward"] for score in scores], dtype=torch.float32)  # [N]
     grouped = raw_rewards.view(-1, group_size)  # [N/G, G]
     centered = grouped - grouped.mean(dim=-1, keepdim=True)
@@ -103,7 +105,7 @@ def compute_group_normalized_rewards(
     return advantages.flatten(), raw_rewards, metadata
 
 
-# ---------------------------------------------------------------------------------------------------- policy-gradient losses
+# ------------------------------------------------------------------------------------------ policy-gradient losses
 def compute_naive_policy_gradient_loss(
     raw_rewards_or_advantages: torch.Tensor, policy_log_probs: torch.Tensor
 ) -> torch.Tensor:
@@ -161,7 +163,12 @@ def compute_policy_gradient_loss(
     """
     if loss_type not in _REQUIRED_INPUTS:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
-    given = {"raw_rewards": raw_rewards, "advantages": advantages, "old_log_probs": old_log_probs, "cliprange": cliprange}
+    given = {
+        "raw_rewards": raw_rewards,
+        "advantages": advantages,
+        "old_log_probs": old_log_probs,
+        "cliprange": cliprange,
+    }
     missing = [name for name in _REQUIRED_INPUTS[loss_type] if given[name] is None]
     if missing:
         raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")

@@ -1,0 +1,212 @@
+"""Supervised fine-tuning: the inner loop that SFT (handout Algorithm 1) and expert iteration share.
+
+One optimizer step = ``batch_size`` sequences in microbatches of ``microbatch_size``, each through
+``sft_microbatch_train_step``; then gradient clipping, AdamW, the warm-up schedule. The loss is the per-token mean
+negative log-likelihood of the response tokens (prompt and padding masked out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from reasonrl.atomic import atomic_directory
+from reasonrl.logprobs import get_response_log_probs
+from reasonrl.losses import masked_mean, sft_microbatch_train_step
+from reasonrl.tokenization import tokenize_prompt_and_output
+
+if TYPE_CHECKING:
+    from dvclive import Live
+
+    from reasonrl.config import EvalConfig, SFTConfig, SFTOptimization
+    from reasonrl.data import GSM8KExample
+    from reasonrl.rollout import RolloutEngine
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A prompt and the response the model should learn to give."""
+
+    prompt: str
+    response: str
+
+
+def policy_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU (the handout's setting), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_policy(
+    model_dir: str | Path, device: torch.device, gradient_checkpointing: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device)).to(device)
+    if gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+        policy.config.use_cache = False
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return policy.train(), tokenizer
+
+
+def make_optimizer(
+    policy: torch.nn.Module, config: SFTOptimization, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW with a linear warm-up over ``warmup_ratio`` of ``total_steps``, then a constant learning rate."""
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    warmup = max(1, round(config.warmup_ratio * total_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    return optimizer, schedule
+
+
+def count_steps(num_pairs: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
+    steps = epochs * math.ceil(num_pairs / batch_size)
+    return steps if max_steps is None else min(steps, max_steps)
+
+
+def sft_steps(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    pairs: list[Pair],
+    config: SFTOptimization,
+    epochs: int,
+    max_steps: int | None = None,
+) -> Iterator[dict[str, float]]:
+    """Train on ``pairs`` (shuffled each epoch with ``config.seed``); yield metrics after every optimizer step."""
+    if not pairs:
+        raise ValueError("no training pairs: an SFT run needs at least one")
+    device = next(policy.parameters()).device
+    order_rng = random.Random(config.seed)
+    total = count_steps(len(pairs), config.batch_size, epochs, max_steps)
+    step = 0
+    for _ in range(epochs):
+        order = list(range(len(pairs)))
+        order_rng.shuffle(order)
+        for start in range(0, len(order), config.batch_size):
+            if step == total:
+                return
+            started = time.perf_counter()
+            batch = [pairs[index] for index in order[start : start + config.batch_size]]
+            microbatches = [
+                batch[offset : offset + config.microbatch_size]
+                for offset in range(0, len(batch), config.microbatch_size)
+            ]
+            loss_sum = entropy_sum = tokens = 0.0
+            for microbatch in microbatches:
+                tensors = tokenize_prompt_and_output(
+                    [pair.prompt for pair in microbatch], [pair.response for pair in microbatch], tokenizer
+                )
+                tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
+                mask = tensors["response_mask"]  # [b, T]
+                scores = get_response_log_probs(
+                    policy, tensors["input_ids"], tensors["labels"], return_token_entropy=True
+                )
+                # Dividing each sequence's sum by the microbatch's mean response length makes the loss the
+                # per-token mean NLL: long responses weigh by their token count, as in ordinary LM training.
+                mean_length = mask.sum().item() / len(microbatch)
+                loss, _ = sft_microbatch_train_step(scores["log_probs"], mask, len(microbatches), mean_length)
+                loss_sum += loss.item()
+                entropy_sum += masked_mean(scores["token_entropy"], mask).item()
+                tokens += tensors["input_ids"].numel()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).item()
+            learning_rate = schedule.get_last_lr()[0]
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            seconds = time.perf_counter() - started
+            yield {
+                "train/loss": loss_sum,
+                "train/grad_norm": grad_norm,
+                "train/entropy": entropy_sum / len(microbatches),
+                "train/learning_rate": learning_rate,
+                "time/tokens_per_second": tokens / seconds,
+            }
+
+
+def save_policy(
+    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, state_dict: dict | None = None
+) -> None:
+    """Save weights (``state_dict`` if given, e.g. the best checkpoint) and tokenizer atomically."""
+    with atomic_directory(out_dir) as staging:
+        policy.save_pretrained(staging, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+
+
+class BestCheckpoint:
+    """Keeps a CPU copy of the weights with the highest validation accuracy so far."""
+
+    def __init__(self) -> None:
+        self.accuracy = -1.0
+        self.step: int | None = None
+        self.state_dict: dict[str, torch.Tensor] | None = None
+
+    def offer(self, policy: torch.nn.Module, accuracy: float, step: int) -> bool:
+        if accuracy <= self.accuracy:
+            return False
+        self.accuracy, self.step = accuracy, step
+        self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in policy.state_dict().items()}
+        return True
+
+
+def validate(
+    engine: RolloutEngine,
+    policy: PreTrainedModel,
+    val: list[GSM8KExample],
+    eval_config: EvalConfig,
+    num_examples: int,
+) -> dict[str, Any]:
+    """Sync the policy into the engine and evaluate it on the first ``num_examples`` validation questions."""
+    from reasonrl.evaluation import evaluate
+
+    engine.sync_weights(policy)
+    result = evaluate(engine, val, "r1_zero", dataclasses.replace(eval_config, num_examples=num_examples))
+    return result.metrics
+
+
+def log_validation(live: Live, metrics: dict[str, Any]) -> None:
+    live.log_metric("eval/accuracy", metrics["accuracy"])
+    live.log_metric("eval/format_rate", metrics["format_rate"])
+    for subset, length in metrics["response_length"].items():
+        if length is not None:
+            live.log_metric(f"eval/response_length_{subset}", length)
+
+
+def run_sft(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: list[Pair],
+    config: SFTConfig,
+    engine: RolloutEngine,
+    val: list[GSM8KExample],
+    eval_config: EvalConfig,
+    live: Live,
+) -> BestCheckpoint:
+    """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end, keep the best."""
+    from tqdm import tqdm
+
+    total = count_steps(len(pairs), config.batch_size, config.epochs, config.max_steps)
+    optimizer, schedule = make_optimizer(policy, config, total)
+    best = BestCheckpoint()
+    steps = sft_steps(policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps)
+    for step, metrics in enumerate(tqdm(steps, total=total, desc="sft", unit="step"), start=1):
+        live.step = step
+        for name, value in metrics.items():
+            live.log_metric(name, value)
+        if step % config.eval_every == 0 or step == total:
+            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples)
+            log_validation(live, val_metrics)
+            best.offer(policy, val_metrics["accuracy"], step)
+        live.next_step()
+    return best

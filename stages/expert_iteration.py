@@ -1,0 +1,39 @@
+"""Stage expert_iteration: rounds of sampling, keeping correct answers and fine-tuning on them."""
+
+from pathlib import Path
+
+from reasonrl.atomic import atomic_write_json
+from reasonrl.cli import open_live, run_stage, stage_parser
+from reasonrl.config import load_params
+from reasonrl.data import load_gsm8k
+from reasonrl.expert_iteration import run_expert_iteration
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import load_policy, save_policy
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--base", required=True, help="base model directory")
+    parser.add_argument("--sft", required=True, help="SFT model directory (used when ei.init_model is sft)")
+    parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
+    parser.add_argument("--out", required=True, help="output model directory (best round)")
+    parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    config = params.ei
+    start = args.base if config.init_model == "base" else args.sft
+    train = load_gsm8k(Path(args.data) / "train.jsonl")
+    val = load_gsm8k(Path(args.data) / "val.jsonl")
+
+    engine = RolloutEngine(start, params.rollout)
+    policy, tokenizer = load_policy(start, engine.policy_device(), config.gradient_checkpointing)
+    with open_live(args.live) as live:
+        best = run_expert_iteration(policy, tokenizer, engine, train, val, config, params.eval, live)
+    save_policy(policy, tokenizer, args.out, best.state_dict)
+    atomic_write_json(args.metrics, {"best_val_accuracy": best.accuracy, "best_round": best.step})
+    print(f"expert iteration: best validation accuracy {best.accuracy:.3f} after round {best.step}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,54 @@
+"""Stage filter_cots: GSM8K train → SFT pairs in the r1_zero format, all (full) and verified-correct (filtered)."""
+
+import statistics
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
+from reasonrl.cli import run_stage, stage_parser
+from reasonrl.cot_filter import DROP_REASONS, make_sft_pairs
+from reasonrl.data import load_gsm8k
+
+
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    ordered = sorted(lengths)
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": ordered[len(ordered) // 2],
+        "p90": ordered[int(0.9 * (len(ordered) - 1))],
+        "max": ordered[-1],
+    }
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--data", required=True, help="directory with train.jsonl")
+    parser.add_argument("--model", required=True, help="base model directory (its tokenizer measures lengths)")
+    parser.add_argument("--out", required=True, help="output directory for full.jsonl and filtered.jsonl")
+    parser.add_argument("--stats", required=True, help="statistics JSON to write")
+    args = parser.parse_args()
+    pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+
+    full = [{"prompt": pair.prompt, "response": pair.response} for pair in pairs]
+    filtered = [record for record, pair in zip(full, pairs, strict=True) if pair.drop_reason is None]
+    with atomic_directory(args.out) as staging:
+        atomic_write_jsonl(staging / "full.jsonl", full)
+        atomic_write_jsonl(staging / "filtered.jsonl", filtered)
+    kept = [pair for pair in pairs if pair.drop_reason is None]
+    atomic_write_json(
+        args.stats,
+        {
+            "examples": len(pairs),
+            "kept": len(kept),
+            "dropped": {reason: sum(pair.drop_reason == reason for pair in pairs) for reason in DROP_REASONS},
+            "prompt_tokens": length_stats([len(tokenizer(p.prompt)["input_ids"]) for p in kept]),
+            "response_tokens": length_stats([len(tokenizer(p.response)["input_ids"]) for p in kept]),
+        },
+    )
+    print(f"SFT pairs: {len(full)} full, {len(filtered)} filtered")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,48 @@
+"""Stage sft: fine-tune the base model on SFT pairs; keep the checkpoint with the best validation accuracy."""
+
+import json
+from pathlib import Path
+
+from reasonrl.atomic import atomic_write_json
+from reasonrl.cli import open_live, run_stage, stage_parser
+from reasonrl.config import ConfigError, load_params
+from reasonrl.data import load_gsm8k
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import Pair, load_policy, run_sft, save_policy
+
+
+def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
+    pairs = [Pair(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
+    if num_examples is not None and num_examples > len(pairs):
+        raise ConfigError(f"sft.num_examples: asks for {num_examples} pairs but {path} has {len(pairs)}")
+    return pairs[:num_examples]
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--model", required=True, help="base model directory")
+    parser.add_argument("--pairs", required=True, help="directory with full.jsonl and filtered.jsonl")
+    parser.add_argument("--data", required=True, help="directory with val.jsonl")
+    parser.add_argument("--out", required=True, help="output model directory (best checkpoint)")
+    parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    config = params.sft
+    pairs = load_pairs(Path(args.pairs) / f"{config.dataset}.jsonl", config.num_examples)
+    val = load_gsm8k(Path(args.data) / "val.jsonl")
+
+    engine = RolloutEngine(args.model, params.rollout)
+    policy, tokenizer = load_policy(args.model, engine.policy_device(), config.gradient_checkpointing)
+    with open_live(args.live) as live:
+        best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live)
+    save_policy(policy, tokenizer, args.out, best.state_dict)
+    atomic_write_json(
+        args.metrics,
+        {"best_val_accuracy": best.accuracy, "best_step": best.step, "train_pairs": len(pairs)},
+    )
+    print(f"sft: best validation accuracy {best.accuracy:.3f} at step {best.step}; saved to {args.out}")
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,92 @@
+"""SFT and expert iteration on the tiny model: the loss falls, targets gain probability, EI keeps only correct."""
+
+import pytest
+import torch
+
+from reasonrl import get_response_log_probs, tokenize_prompt_and_output
+from reasonrl.config import EIConfig, SFTConfig
+from reasonrl.data import GSM8KExample
+from reasonrl.expert_iteration import correct_pairs
+from reasonrl.rollout import Sample
+from reasonrl.sft import Pair, make_optimizer, sft_steps
+
+PAIRS = [
+    Pair(
+        "User: Tom has 3 cards and gets 4 more. How many?\nAssistant: <think>",
+        " 3 + 4 = 7 </think> <answer> 7 </answer>",
+    ),
+    Pair("User: Ann has 9 pens and loses 2. How many?\nAssistant: <think>", " 9 - 2 = 7 </think> <answer> 7 </answer>"),
+    Pair("User: 5 boxes of 6 eggs. How many eggs?\nAssistant: <think>", " 5 * 6 = 30 </think> <answer> 30 </answer>"),
+    Pair("User: 8 apples shared by 2. How many each?\nAssistant: <think>", " 8 / 2 = 4 </think> <answer> 4 </answer>"),
+]
+
+
+def target_log_prob(policy, tokenizer) -> float:
+    batch = tokenize_prompt_and_output([p.prompt for p in PAIRS], [p.response for p in PAIRS], tokenizer)
+    with torch.no_grad():
+        log_probs = get_response_log_probs(policy, batch["input_ids"], batch["labels"])["log_probs"]
+    return (log_probs * batch["response_mask"]).sum().item()
+
+
+def test_sft_lowers_loss_and_raises_target_log_prob(tiny_model_dir):
+    from reasonrl.sft import load_policy
+
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    config = SFTConfig(learning_rate=3e-3, warmup_ratio=0.0, batch_size=4, microbatch_size=2, epochs=30)
+    before = target_log_prob(policy, tokenizer)
+    optimizer, schedule = make_optimizer(policy, config, total_steps=30)
+    metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=30))
+    after = target_log_prob(policy, tokenizer)
+
+    assert len(metrics) == 30  # one optimizer step per epoch of 4 pairs
+    assert metrics[-1]["train/loss"] < 0.5 * metrics[0]["train/loss"]
+    assert after > before + 10  # nats summed over the response tokens
+    assert all(m["train/grad_norm"] > 0 and m["time/tokens_per_second"] > 0 for m in metrics)
+
+
+def test_sft_accumulation_matches_one_big_microbatch(tiny_model_dir):
+    """2 pairs in microbatches of 1 give the same update as one microbatch of 2."""
+    from reasonrl.sft import load_policy
+
+    # digits are one token each, so both pairs have the same prompt and response lengths (no padding either way)
+    pairs = [PAIRS[0], Pair(PAIRS[0].prompt.replace("3", "5"), PAIRS[0].response.replace("3 + 4", "5 + 2"))]
+    updated = []
+    for microbatch_size in (1, 2):
+        policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+        config = SFTConfig(learning_rate=1e-3, warmup_ratio=0.0, batch_size=2, microbatch_size=microbatch_size)
+        optimizer, schedule = make_optimizer(policy, config, total_steps=1)
+        list(sft_steps(policy, tokenizer, optimizer, schedule, pairs, config, epochs=1))
+        updated.append(policy.state_dict()["model.embed_tokens.weight"].clone())
+    assert torch.allclose(updated[0], updated[1], atol=1e-6)
+
+
+def test_ei_keeps_only_correct_rollouts():
+    questions = [GSM8KExample("q1", "", "7"), GSM8KExample("q2", "", "30")]
+    samples = [
+        [Sample(" x </think> <answer> 7 </answer>", [1], None), Sample(" x </think> <answer> 8 </answer>", [1], None)],
+        [Sample(" x </think> <answer> 31 </answer>", [1], None), Sample("no answer", [1], None)],
+    ]
+    kept, solved = correct_pairs(questions, ["p1", "p2"], samples)
+    assert kept == [Pair("p1", " x </think> <answer> 7 </answer>")]
+    assert solved == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"batch_size": 30, "microbatch_size": 4},
+            "sft.batch_size: must be a positive multiple of sft.microbatch_size=4",
+        ),
+        ({"learning_rate": 0.0}, "sft.learning_rate: must be > 0"),
+        ({"num_examples": 0}, "sft.num_examples"),
+    ],
+)
+def test_sft_config_errors_name_the_parameter(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SFTConfig(**kwargs)
+
+
+def test_ei_config_errors_name_the_parameter():
+    with pytest.raises(ValueError, match="ei.num_rollouts: must be ≥ 1"):
+        EIConfig(num_rollouts=0)
