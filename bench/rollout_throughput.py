@@ -122,7 +122,7 @@ def main() -> None:
         hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
         print(f"model: {description}, {args.dtype} for both peers")
-        print(f"prompts: {len(prompts)} r1_zero GSM8K train questions, {statistics.mean(prompt_lengths):.0f} tokens avg")
+        print(f"prompts: {len(prompts)} r1_zero GSM8K questions, mean {statistics.mean(prompt_lengths):.0f} tokens")
         print(
             f"rl_shape lengths: mean {statistics.mean(reference_lengths):.0f}, median "
             f"{statistics.median(reference_lengths):.0f}, max {max(reference_lengths)} tokens; HF batch "
@@ -136,13 +136,11 @@ def main() -> None:
             "rl_shape": reference_lengths,
         }
         for shape, lengths in shapes.items():
-            results[shape] = measure(
-                {
-                    "vllm": lambda lengths=lengths: vllm_generate(engine, prompts, lengths),
-                    "hf": lambda lengths=lengths: hf_generate(hf_model, tokenizer, prompts, lengths, args.hf_batch_size),
-                },
-                args.repeats,
-            )
+            peers = {
+                "vllm": lambda lengths=lengths: vllm_generate(engine, prompts, lengths),
+                "hf": lambda lengths=lengths: hf_generate(hf_model, tokenizer, prompts, lengths, args.hf_batch_size),
+            }
+            results[shape] = measure(peers, args.repeats)
             print(
                 f"{shape}: RolloutEngine {results[shape]['vllm']:,.0f} tok/s, HF generate "
                 f"{results[shape]['hf']:,.0f} tok/s (useful tokens, median of {args.repeats})"

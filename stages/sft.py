@@ -1,18 +1,17 @@
 """Stage sft: fine-tune the base model on SFT pairs; keep the checkpoint with the best validation accuracy."""
 
-import json
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
-from reasonrl.data import load_gsm8k
+from reasonrl.data import load_gsm8k, read_jsonl
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft, save_policy
 
 
 def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
-    pairs = [Pair(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
+    pairs = [Pair(record["prompt"], record["response"]) for record in read_jsonl(path)]
     if num_examples is not None and num_examples > len(pairs):
         raise ConfigError(f"sft.num_examples: asks for {num_examples} pairs but {path} has {len(pairs)}")
     return pairs[:num_examples]

@@ -33,7 +33,16 @@ def test_repository_params_are_valid_full_scale():
         ({"data": {"val_size": 0}}, "data.val_size: must be ≥ 1"),
         ({"data": {"sha256": {"train": "x"}}}, "data.sha256: needs exactly the keys train and test"),
         ({"model": {"tiny": {"hidden_size": 96}}}, "model.tiny: hidden_size/num_heads must be 64"),
-        ({"grpo": {}}, "grpo: unknown parameter"),
+        ({"report": {}}, "report: unknown parameter"),
+        (
+            {"grpo": {"train_batch_size": 100}},
+            r"grpo.train_batch_size: \(100\) must be divisible by grpo.gradient_accumulation_steps \(128\)",
+        ),
+        (
+            {"grpo": {"rollout_batch_size": 250}},
+            r"grpo.rollout_batch_size: \(250\) must be divisible by grpo.group_size \(8\)",
+        ),
+        ({"grpo": {"loss_type": "ppo"}}, "grpo.loss_type: must be one of"),
         ({"eval": {"num_examples": True}}, "eval.num_examples: must be int"),
     ],
 )

@@ -1,11 +1,12 @@
 """Entropy and response log-probs against plain log_softmax on a tiny random Qwen2."""
 
+import copy
 import math
 
 import pytest
 import torch
 
-from reasonrl import compute_entropy, get_response_log_probs, tokenize_prompt_and_output
+from reasonrl import compute_entropy, get_response_log_probs, masked_mean, tokenize_prompt_and_output
 
 
 def test_entropy_of_known_distributions():
@@ -42,3 +43,106 @@ def test_response_log_probs_equal_log_softmax_at_labels(tiny_model, tiny_tokeniz
 def test_entropy_is_optional(tiny_model, tiny_tokenizer):
     batch = tokenize_prompt_and_output(["a"], [" b"], tiny_tokenizer)
     assert set(get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"])) == {"log_probs"}
+
+
+def naive_log_probs(model, input_ids, labels):
+    """The reference: full logits, full ``log_softmax``, gathered at the labels."""
+    logits = model(input_ids).logits  # [B, T, V]
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1), logits
+
+
+@pytest.fixture
+def padded_batch(tiny_tokenizer):
+    """Two responses of different lengths: the shorter row is right-padded."""
+    batch = tokenize_prompt_and_output(
+        ["User: 48/2?", "User: how many clips in May and April?"], [" 24 </answer>", " 72"], tiny_tokenizer
+    )
+    assert batch["input_ids"].numel() % 3 != 0  # chunks of 3 positions end mid-row and leave a short last chunk
+    assert (batch["input_ids"][0] == tiny_tokenizer.pad_token_id).any()
+    return batch
+
+
+def parameter_grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_chunked_log_probs_and_grads_equal_naive(tiny_model, padded_batch, mode):
+    model = copy.deepcopy(tiny_model).train(mode == "train")
+    input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
+    lean = get_response_log_probs(model, input_ids, labels, return_token_entropy=True, chunk_size=3)
+    naive, logits = naive_log_probs(model, input_ids, labels)
+    assert torch.allclose(lean["log_probs"], naive, atol=1e-5)
+    assert torch.allclose(lean["token_entropy"], compute_entropy(logits.detach()), atol=1e-5)
+
+    lean_grads = parameter_grads(model, masked_mean(lean["log_probs"], mask))
+    naive_grads = parameter_grads(model, masked_mean(naive, mask))
+    assert lean_grads.keys() == naive_grads.keys()
+    assert "model.embed_tokens.weight" in lean_grads  # tied: the output layer's gradient lands on the embedding
+    for name, grad in naive_grads.items():
+        assert torch.allclose(lean_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_chunked_path_under_inference_mode(tiny_model, padded_batch):
+    """The GRPO loop computes old log-probs this way: no graph, same numbers."""
+    with torch.inference_mode():
+        lean = get_response_log_probs(
+            tiny_model, padded_batch["input_ids"], padded_batch["labels"], return_token_entropy=True, chunk_size=3
+        )
+        naive, logits = naive_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"])
+    assert not lean["log_probs"].requires_grad
+    assert torch.allclose(lean["log_probs"], naive, atol=1e-5)
+    assert torch.allclose(lean["token_entropy"], compute_entropy(logits), atol=1e-5)
+
+
+def test_chunked_path_respects_output_bias(tiny_model, padded_batch):
+    model = copy.deepcopy(tiny_model)
+    hidden_size, vocab_size = model.lm_head.weight.shape[1], model.lm_head.weight.shape[0]
+    model.lm_head = torch.nn.Linear(hidden_size, vocab_size, bias=True)
+    torch.nn.init.normal_(model.lm_head.bias, std=2.0, generator=torch.Generator().manual_seed(0))
+    input_ids, labels = padded_batch["input_ids"], padded_batch["labels"]
+    lean = get_response_log_probs(model, input_ids, labels, chunk_size=3)["log_probs"]
+    naive, _ = naive_log_probs(model, input_ids, labels)
+    assert torch.allclose(lean, naive, atol=1e-5)
+    lean_grads = parameter_grads(model, lean.sum())
+    naive_grads = parameter_grads(model, naive.sum())
+    for name in ("lm_head.bias", "lm_head.weight"):
+        assert torch.allclose(lean_grads[name], naive_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_unknown_head_falls_back_to_full_logits(tiny_model, padded_batch):
+    """A model whose forward transforms the logits (here: softcapping) is not reproduced by hand but called."""
+
+    class SoftcappedQwen2(type(tiny_model)):
+        def forward(self, *args, **kwargs):
+            output = super().forward(*args, **kwargs)
+            output.logits = 5.0 * torch.tanh(output.logits / 5.0)
+            return output
+
+    model = SoftcappedQwen2(tiny_model.config)
+    model.load_state_dict(tiny_model.state_dict())
+    input_ids, labels = padded_batch["input_ids"], padded_batch["labels"]
+    lean = get_response_log_probs(model.eval(), input_ids, labels, return_token_entropy=True, chunk_size=3)
+    naive, logits = naive_log_probs(model, input_ids, labels)
+    assert torch.allclose(lean["log_probs"], naive, atol=1e-5)
+    assert torch.allclose(lean["token_entropy"], compute_entropy(logits.detach()), atol=1e-5)
+
+
+def test_bfloat16_model_gives_float32_log_probs(tiny_model, padded_batch):
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    input_ids, labels = padded_batch["input_ids"], padded_batch["labels"]
+    lean = get_response_log_probs(model, input_ids, labels, chunk_size=3)["log_probs"]
+    with torch.no_grad():
+        logits = model(input_ids).logits.float()  # [B, T, V]
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert lean.dtype == torch.float32
+    assert torch.allclose(lean, expected, atol=1e-5)
+    lean.sum().backward()
+    assert model.lm_head.weight.grad.dtype == torch.bfloat16
+
+
+def test_chunk_size_must_be_positive(tiny_model, padded_batch):
+    with pytest.raises(ValueError, match="chunk_size"):
+        get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], chunk_size=0)

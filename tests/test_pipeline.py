@@ -13,7 +13,23 @@ from reasonrl.presets import apply_to_file, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
 # Even smaller than the CPU preset: this checks the plumbing, not the accuracy.
-TEST_OVERRIDES = {"eval.num_examples": 12, "eval.max_tokens": 24, "data.val_size": 50}
+TEST_OVERRIDES = {
+    "eval.num_examples": 12,
+    "eval.max_tokens": 24,
+    "data.val_size": 50,
+    "sft.max_steps": 4,
+    "sft.eval_every": 2,
+    "sft.eval_examples": 8,
+    "sft.batch_size": 8,
+    "sft.microbatch_size": 8,
+    "ei.n_steps": 2,
+    "ei.questions_per_step": 8,
+    "ei.num_rollouts": 2,
+    "ei.max_tokens": 24,
+    "ei.eval_examples": 8,
+    "ei.batch_size": 8,
+    "ei.microbatch_size": 8,
+}
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -71,7 +87,7 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
     splits = {name: len((clone / f"data/gsm8k/{name}.jsonl").read_text().splitlines()) for name in ("train", "val")}
     assert splits == {"train": 7473 - 50, "val": 50}
 
-    assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
+    assert "Data and pipelines are up to date" in run(["dvc", "status", "baseline"], clone, env)
     shown = json.loads(run(["dvc", "metrics", "show", "--json"], clone, env))
     assert shown  # DVC itself finds the declared metrics
     # git sees only DVC's bookkeeping; the data, model and reports themselves are git-ignored DVC outputs
@@ -82,3 +98,45 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
         "models/.gitignore",
         "reports/baseline/.gitignore",
     ]
+
+
+@pytest.mark.slow
+def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
+    clone, env = pipeline_repo
+    run(["dvc", "repro", "expert_iteration"], clone, env)
+    stats = json.loads((clone / "reports/filter_cots/stats.json").read_text())
+    assert stats["examples"] == 7473 - 50 and stats["kept"] + sum(stats["dropped"].values()) == stats["examples"]
+    sft = json.loads((clone / "reports/sft/metrics.json").read_text())
+    assert sft["train_pairs"] == stats["kept"] and sft["best_step"] in (2, 4)
+    for model in ("models/sft", "models/ei"):
+        assert (clone / model / "model.safetensors").is_file() and (clone / model / "tokenizer.json").is_file()
+    # the curves DVC declares: train loss every step, validation accuracy at steps 2 and 4
+    loss = (clone / "reports/sft/live/plots/metrics/train/loss.tsv").read_text().splitlines()
+    accuracy = (clone / "reports/sft/live/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
+    assert len(loss) == 1 + 4 and len(accuracy) == 1 + 2
+    rounds = (clone / "reports/ei/live/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
+    assert len(rounds) == 1 + 2
+    assert "Data and pipelines are up to date" in run(["dvc", "status", "expert_iteration"], clone, env)
+    assert "sft" in run(["dvc", "plots", "show", "--json"], clone, env)
+
+    run(["git", "add", "-A"], clone, env)
+    run(["git", "commit", "-qm", "pipeline results"], clone, env)
+    run(["dvc", "exp", "run", "-S", "sft.num_examples=128", "expert_iteration"], clone, env)
+    diff = json.loads(run(["dvc", "metrics", "diff", "--json"], clone, env))
+    changed = diff["reports/sft/metrics.json"]["train_pairs"]
+    assert (changed["old"], changed["new"]) == (stats["kept"], 128)
+
+
+@pytest.mark.slow
+def test_sft_refuses_more_examples_than_the_data_has(pipeline_repo):
+    clone, env = pipeline_repo
+    run(["dvc", "repro", "filter_cots"], clone, env)
+    result = subprocess.run(
+        ["dvc", "exp", "run", "-S", "sft.num_examples=100000", "sft"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert "sft.num_examples: asks for 100000 pairs but data/sft/filtered.jsonl has" in result.stderr + result.stdout

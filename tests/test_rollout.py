@@ -135,6 +135,8 @@ def test_generate_rejects_bad_arguments(engine):
         engine.generate(PROMPTS, min_tokens=9, max_tokens=4)
     with pytest.raises(ValueError, match="n must be"):
         engine.generate(PROMPTS, n=0)
+    with pytest.raises(ValueError, match="stop must be a sequence"):
+        engine.generate(PROMPTS, stop="</answer>")
     assert engine.generate([]) == []
 
 

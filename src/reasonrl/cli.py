@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 from reasonrl.config import ConfigError
 from reasonrl.data import DataFormatError
+from reasonrl.grpo import NonFiniteError
 from reasonrl.models import ModelSourceError
 
-# Errors in the user's params, data or model source: a one-line message, no traceback, exit status 2.
-USER_ERRORS = (ConfigError, DataFormatError, ModelSourceError)
+# Errors in the user's params, data or model source, or a diverged run: a one-line message, exit status 2.
+USER_ERRORS = (ConfigError, DataFormatError, ModelSourceError, NonFiniteError)
 
 
 def stage_parser(description: str | None) -> argparse.ArgumentParser:
@@ -29,9 +30,9 @@ def run_stage(main: Callable[[], None]) -> None:
         sys.exit(2)
 
 
-def open_live(directory: str):
+def open_live(directory: str, resume: bool = False):
     """DVCLive for a stage that DVC or Snakemake runs: the pipeline file declares its outputs, so DVCLive neither
     writes a dvc.yaml nor saves an experiment of its own."""
     from dvclive import Live
 
-    return Live(directory, resume=False, save_dvc_exp=False, dvcyaml=False)
+    return Live(directory, resume=resume, save_dvc_exp=False, dvcyaml=False)

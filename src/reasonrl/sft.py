@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.atomic import atomic_directory
+from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.losses import masked_mean, sft_microbatch_train_step
 from reasonrl.tokenization import tokenize_prompt_and_output
@@ -166,13 +167,12 @@ def validate(
     val: list[GSM8KExample],
     eval_config: EvalConfig,
     num_examples: int,
-) -> dict[str, Any]:
+    prompt_name: str = "r1_zero",
+    seed: int | None = None,
+) -> EvalResult:
     """Sync the policy into the engine and evaluate it on the first ``num_examples`` validation questions."""
-    from reasonrl.evaluation import evaluate
-
     engine.sync_weights(policy)
-    result = evaluate(engine, val, "r1_zero", dataclasses.replace(eval_config, num_examples=num_examples))
-    return result.metrics
+    return evaluate(engine, val, prompt_name, dataclasses.replace(eval_config, num_examples=num_examples), seed=seed)
 
 
 def log_validation(live: Live, metrics: dict[str, Any]) -> None:
@@ -205,7 +205,7 @@ def run_sft(
         for name, value in metrics.items():
             live.log_metric(name, value)
         if step % config.eval_every == 0 or step == total:
-            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples)
+            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
             log_validation(live, val_metrics)
             best.offer(policy, val_metrics["accuracy"], step)
         live.next_step()

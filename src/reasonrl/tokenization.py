@@ -25,11 +25,18 @@ def tokenize_prompt_and_output(
         raise ValueError("the tokenizer has no pad_token_id; set one before tokenizing batches")
     prompts = tokenizer(prompt_strs, add_special_tokens=False)["input_ids"]
     outputs = tokenizer(output_strs, add_special_tokens=False)["input_ids"]
-    length = max(len(p) + len(o) for p, o in zip(prompts, outputs, strict=True))
+    return batch_from_token_ids(prompts, outputs, tokenizer.pad_token_id)
 
-    full = torch.full((len(prompts), length), tokenizer.pad_token_id, dtype=torch.long)  # [B, L]
-    is_response = torch.zeros((len(prompts), length), dtype=torch.bool)  # [B, L]
-    for row, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+
+def batch_from_token_ids(
+    prompt_ids: list[list[int]], output_ids: list[list[int]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """:func:`tokenize_prompt_and_output` for sequences already tokenized, e.g. the exact ids a rollout sampled
+    (re-tokenizing its text need not give them back)."""
+    length = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids, strict=True))
+    full = torch.full((len(prompt_ids), length), pad_token_id, dtype=torch.long)  # [B, L]
+    is_response = torch.zeros((len(prompt_ids), length), dtype=torch.bool)  # [B, L]
+    for row, (prompt, output) in enumerate(zip(prompt_ids, output_ids, strict=True)):
         full[row, : len(prompt) + len(output)] = torch.tensor(prompt + output, dtype=torch.long)
         is_response[row, len(prompt) : len(prompt) + len(output)] = True
     return {"input_ids": full[:, :-1], "labels": full[:, 1:], "response_mask": is_response[:, 1:]}

@@ -1,0 +1,431 @@
+"""GRPO with a verifiable reward (CS336 a5 Algorithm 3), on- or off-policy, resumable.
+
+One step: sample ``group_size`` answers to each of ``rollout_batch_size / group_size`` questions with the rollout
+engine → score them → group-normalised advantages → (off-policy losses) old log-probs, once, without gradient →
+``epochs_per_rollout_batch`` passes over the batch in optimizer steps of ``train_batch_size`` responses →
+sync the new weights into the engine. ``run_grpo`` reads top to bottom in that order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm import tqdm
+
+from reasonrl.atomic import atomic_directory
+from reasonrl.evaluation import REWARD_FNS
+from reasonrl.logprobs import get_response_log_probs
+from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
+from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.sft import BestCheckpoint, log_validation, validate
+from reasonrl.tokenization import batch_from_token_ids
+
+if TYPE_CHECKING:
+    from dvclive import Live
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from reasonrl.config import EvalConfig, GRPOConfig
+    from reasonrl.data import GSM8KExample
+    from reasonrl.rollout import RolloutEngine, Sample
+
+CHECKPOINT_PREFIX = "step-"
+EXAMPLES_PER_EVAL = 4
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced NaN/Inf too many optimizer steps in a row; the message names the step and quantity."""
+
+
+class NonFiniteGuard:
+    """Skips optimizer steps whose advantages, loss or gradients are not finite; stops after too many in a row."""
+
+    def __init__(self, limit: int, skipped: int = 0) -> None:
+        self.limit, self.skipped, self.consecutive = limit, skipped, 0
+
+    def allows(self, step: int, quantities: dict[str, torch.Tensor | float]) -> bool:
+        bad = [name for name, value in quantities.items() if not torch.isfinite(torch.as_tensor(value)).all()]
+        if not bad:
+            self.consecutive = 0
+            return True
+        self.consecutive += 1
+        self.skipped += 1
+        if self.consecutive > self.limit:
+            raise NonFiniteError(
+                f"GRPO step {step}: {bad[0]} is NaN or Inf in {self.consecutive} optimizer steps in a row "
+                f"(grpo.max_consecutive_nonfinite={self.limit}); lower grpo.learning_rate or check the data"
+            )
+        tqdm.write(f"GRPO step {step}: non-finite {', '.join(bad)}; optimizer step skipped")
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------- rollouts
+@dataclass
+class RolloutBatch:
+    """``N = rollout_batch_size`` scored responses, as training tensors."""
+
+    prompts: list[str]
+    responses: list[str]
+    ground_truths: list[str]
+    input_ids: torch.Tensor  # [N, L]
+    labels: torch.Tensor  # [N, L]
+    response_mask: torch.Tensor  # [N, L] bool
+    engine_log_probs: torch.Tensor | None  # [N, L], the sampled tokens' log-probs under the engine
+    raw_rewards: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N]
+    reward_metadata: dict[str, float]
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.response_mask.sum(dim=-1).tolist()
+
+
+def sample_rollouts(
+    engine: RolloutEngine, questions: list[GSM8KExample], config: GRPOConfig, stop: list[str], seed: int
+) -> tuple[list[str], list[Sample]]:
+    """The prompts, and ``group_size`` samples per question, flattened group after group."""
+    template = load_prompt(config.prompt)
+    prompts = [format_prompt(template, example.question) for example in questions]
+    groups = engine.generate(
+        prompts,
+        n=config.group_size,
+        temperature=config.temperature,
+        min_tokens=config.min_tokens,
+        max_tokens=config.max_tokens,
+        stop=stop,
+        seed=seed,
+        return_logprobs=config.old_log_probs_from == "engine",
+    )
+    return prompts, [sample for group in groups for sample in group]
+
+
+def score_rollouts(
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[GSM8KExample],
+    prompts: list[str],
+    samples: list[Sample],
+    config: GRPOConfig,
+) -> RolloutBatch:
+    """Rewards and group-normalised advantages; training tensors from the exact sampled token ids."""
+    group = config.group_size
+    responses = [sample.text for sample in samples]
+    ground_truths = [example.answer for example in questions for _ in range(group)]
+    advantages, raw_rewards, reward_metadata = compute_group_normalized_rewards(
+        REWARD_FNS[config.prompt], responses, ground_truths, group, config.advantage_eps, config.use_std_normalization
+    )
+    prompt_ids = [ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"] for _ in range(group)]
+    tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
+    engine_log_probs = None
+    if config.old_log_probs_from == "engine":
+        engine_log_probs = torch.zeros(tensors["labels"].shape)  # [N, L]
+        for row, (ids, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
+            start = len(ids) - 1  # labels are shifted by one: response token t sits at label index len(prompt)-1+t
+            engine_log_probs[row, start : start + len(sample.logprobs)] = torch.tensor(sample.logprobs)
+    return RolloutBatch(
+        prompts=[prompt for prompt in prompts for _ in range(group)],
+        responses=responses,
+        ground_truths=ground_truths,
+        **tensors,
+        engine_log_probs=engine_log_probs,
+        raw_rewards=raw_rewards,
+        advantages=advantages,
+        reward_metadata=reward_metadata,
+    )
+
+
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    lengths = batch.lengths
+    correct = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r == 1.0]
+    incorrect = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r != 1.0]
+    metrics = {
+        "rollout/reward": batch.reward_metadata["reward_mean"],
+        "rollout/format_reward": batch.reward_metadata["format_reward_mean"],
+        "rollout/answer_reward": batch.reward_metadata["answer_reward_mean"],
+        "rollout/zero_variance_group_fraction": batch.reward_metadata["zero_variance_group_fraction"],
+        "rollout/response_length": sum(lengths) / len(lengths),
+    }
+    if correct:
+        metrics["rollout/response_length_correct"] = sum(correct) / len(correct)
+    if incorrect:
+        metrics["rollout/response_length_incorrect"] = sum(incorrect) / len(incorrect)
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------------------- training
+def microbatches(indices: list[int], size: int) -> list[list[int]]:
+    return [indices[start : start + size] for start in range(0, len(indices), size)]
+
+
+def policy_log_probs(
+    policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], with_entropy: bool = False
+) -> dict[str, torch.Tensor]:
+    """Log-probs of the sampled responses of ``rows``, trimmed to the rows' longest sequence."""
+    device = next(policy.parameters()).device
+    width = int(batch.response_mask[rows].any(dim=0).nonzero().max()) + 1  # drop columns that are all padding
+    input_ids = batch.input_ids[rows, :width].to(device)  # [b, T]
+    labels = batch.labels[rows, :width].to(device)  # [b, T]
+    result = get_response_log_probs(policy, input_ids, labels, return_token_entropy=with_entropy)
+    return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
+
+
+def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, microbatch_size: int) -> torch.Tensor:
+    """π_old of every sampled token, ``[N, L]``, once per rollout batch and never differentiated."""
+    with torch.inference_mode():
+        parts = [
+            policy_log_probs(policy, batch, rows)["log_probs"].float().cpu()
+            for rows in microbatches(list(range(len(batch.responses))), microbatch_size)
+        ]
+    return torch.cat(parts)
+
+
+def accumulate_gradients(
+    policy: PreTrainedModel,
+    batch: RolloutBatch,
+    rows: list[int],
+    old_log_probs: torch.Tensor | None,
+    config: GRPOConfig,
+) -> dict[str, float]:
+    """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
+    gradients are left in ``.grad``. Returns the step's loss, entropy and (ratio losses) clip fraction."""
+    device = next(policy.parameters()).device
+    parts = microbatches(rows, config.microbatch_size)
+    loss = entropy = clip_fraction = 0.0
+    for part in parts:
+        scored = policy_log_probs(policy, batch, part, with_entropy=True)
+        mask = batch.response_mask[part].to(device)  # [b, L]
+        step_loss, metadata = grpo_microbatch_train_step(
+            scored["log_probs"],
+            mask,
+            len(parts),
+            config.loss_type,
+            raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
+            advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
+            old_log_probs=None if old_log_probs is None else old_log_probs[part].to(device),
+            cliprange=config.cliprange,
+            length_normalization=config.length_normalization,
+            normalize_constant=config.max_tokens,
+        )
+        loss += step_loss.item()
+        entropy += masked_mean(scored["token_entropy"], mask).item() / len(parts)
+        clip_fraction += metadata.get("clip_fraction", torch.tensor(0.0)).item() / len(parts)
+    metrics = {"train/loss": loss, "train/entropy": entropy}
+    if old_log_probs is not None:
+        metrics["train/clip_fraction"] = clip_fraction
+    return metrics
+
+
+def optimizer_step(
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    config: GRPOConfig,
+    guard: NonFiniteGuard,
+    step: int,
+    checks: dict[str, Any],
+) -> dict[str, float]:
+    """Clip and apply the accumulated gradients, unless something is NaN/Inf (then skip and count)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+    if guard.allows(step, {**checks, "gradient norm": grad_norm}):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"train/grad_norm": grad_norm.item(), "train/skipped_steps": guard.skipped}
+
+
+def needs_old_log_probs(config: GRPOConfig) -> bool:
+    """Ratio losses need π_old; the others are on the current policy's own samples."""
+    return config.loss_type in ("grpo_clip", "grpo_no_clip")
+
+
+# ---------------------------------------------------------------------------------------------------------- checkpoints
+def fingerprint(config: GRPOConfig, eval_config: EvalConfig, init_model_dir: str | Path) -> str:
+    """Identifies what a checkpoint belongs to: a checkpoint of other params is not resumed."""
+    identity = {"grpo": asdict(config), "eval": asdict(eval_config), "init": str(Path(init_model_dir).resolve())}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_last_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint (complete ones are renamed into place whole)."""
+    candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
+    return candidates[-1] if candidates else None
+
+
+@dataclass
+class TrainingState:
+    """Everything besides the weights that a resumed run needs to continue exactly."""
+
+    step: int = 0
+    optimizer_steps: int = 0
+    elapsed_seconds: float = 0.0
+    skipped_steps: int = 0
+    best_accuracy: float = -1.0
+    best_step: int | None = None
+
+
+def save_checkpoint(
+    directory: Path,
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    state: TrainingState,
+    best: BestCheckpoint,
+    live_dir: Path,
+    run_fingerprint: str,
+) -> None:
+    target = directory / f"{CHECKPOINT_PREFIX}{state.step:06d}"
+    with atomic_directory(target) as staging:
+        torch.save(
+            {
+                "fingerprint": run_fingerprint,
+                "state": asdict(state),
+                "policy": policy.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "best": best.state_dict,
+                "torch_rng": torch.get_rng_state(),
+            },
+            staging / "checkpoint.pt",
+        )
+        shutil.copytree(live_dir, staging / "live")
+    for older in sorted(directory.glob(f"{CHECKPOINT_PREFIX}*"))[:-1]:
+        shutil.rmtree(older)
+
+
+def load_checkpoint(
+    path: Path, policy: PreTrainedModel, optimizer: torch.optim.Optimizer, best: BestCheckpoint, live_dir: Path
+) -> TrainingState:
+    saved = torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)
+    policy.load_state_dict(saved["policy"])
+    optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["torch_rng"])
+    state = TrainingState(**saved["state"])
+    best.accuracy, best.step, best.state_dict = state.best_accuracy, state.best_step, saved["best"]
+    if live_dir.exists():
+        shutil.rmtree(live_dir)
+    shutil.copytree(path / "live", live_dir)
+    return state
+
+
+def checkpoint_fingerprint(path: Path) -> str:
+    return torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)["fingerprint"]
+
+
+# ---------------------------------------------------------------------------------------------------------- the loop
+def run_grpo(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    engine: RolloutEngine,
+    train: list[GSM8KExample],
+    val: list[GSM8KExample],
+    config: GRPOConfig,
+    eval_config: EvalConfig,
+    open_live: Callable[[bool], Live],
+    live_dir: Path,
+    checkpoint_dir: Path,
+    init_model_dir: str | Path,
+) -> BestCheckpoint:
+    """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made with the same params."""
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=config.learning_rate, betas=tuple(config.betas), weight_decay=config.weight_decay
+    )
+    best, state = BestCheckpoint(), TrainingState()
+    run_fingerprint = fingerprint(config, eval_config, init_model_dir)
+    last = find_last_checkpoint(checkpoint_dir)
+    if last is not None and checkpoint_fingerprint(last) == run_fingerprint:
+        state = load_checkpoint(last, policy, optimizer, best, live_dir)
+        tqdm.write(f"GRPO: resuming from {last} (step {state.step})")
+    elif last is not None:
+        tqdm.write(f"GRPO: {last} was made with other params; starting afresh")
+        shutil.rmtree(checkpoint_dir)
+    guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps)
+    engine.sync_weights(policy)
+
+    with open_live(state.step > 0) as live:
+
+        def evaluate_and_log(step: int) -> None:
+            result = validate(
+                engine, policy, val, eval_config, config.eval_examples, prompt_name=config.prompt, seed=config.seed
+            )
+            metrics = result.metrics
+            live.step = state.optimizer_steps
+            log_validation(live, metrics)
+            live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
+            live.log_metric("grpo_step", step)
+            if best.offer(policy, metrics["accuracy"], step):
+                state.best_accuracy, state.best_step = best.accuracy, best.step
+            examples = [
+                {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
+                for r in result.records[:EXAMPLES_PER_EVAL]
+            ]
+            examples_file = live_dir / "examples" / f"step_{step:06d}.json"
+            examples_file.parent.mkdir(parents=True, exist_ok=True)
+            examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
+            live.sync()
+
+        progress = tqdm(range(state.step, config.n_grpo_steps), desc="grpo", unit="step", initial=state.step)
+        for step in progress:
+            if step % config.eval_every == 0:
+                evaluate_and_log(step)
+            started = time.perf_counter()
+            step_seed = config.seed * 1_000_003 + step  # a pure function of (seed, step): resumes replay exactly
+
+            # Rollouts: a group of samples per question, from the engine.
+            questions = random.Random(step_seed).sample(train, min(config.questions_per_step, len(train)))
+            prompts, samples = sample_rollouts(engine, questions, config, eval_config.stop, step_seed)
+            rolled = time.perf_counter()
+
+            # Scoring: rewards, group-normalised advantages, training tensors.
+            batch = score_rollouts(tokenizer, questions, prompts, samples, config)
+            scored = time.perf_counter()
+
+            # Old log-probs, once per rollout batch, never differentiated.
+            old_log_probs = None
+            if needs_old_log_probs(config):
+                old_log_probs = (
+                    batch.engine_log_probs
+                    if config.old_log_probs_from == "engine"
+                    else compute_old_log_probs(policy, batch, config.microbatch_size)
+                )
+            recomputed = time.perf_counter()
+
+            # Train: epochs over the rollout batch, one optimizer step per train batch.
+            order_rng = random.Random(step_seed)
+            for _ in range(config.epochs_per_rollout_batch):
+                order = list(range(len(batch.responses)))
+                order_rng.shuffle(order)
+                for rows in microbatches(order, config.train_batch_size):
+                    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config)
+                    checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
+                    metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)
+                    state.optimizer_steps += 1
+                    live.step = state.optimizer_steps
+                    for name, value in (metrics | rollout_metrics(batch)).items():
+                        live.log_metric(name, value)
+            trained = time.perf_counter()
+
+            # Sync: the engine samples the next step from the updated policy.
+            engine.sync_weights(policy)
+            synced = time.perf_counter()
+            state.step, state.skipped_steps = step + 1, guard.skipped
+            state.elapsed_seconds += synced - started
+            timings = {
+                "time/rollout_seconds": rolled - started,
+                "time/scoring_seconds": scored - rolled,
+                "time/old_log_prob_seconds": recomputed - scored,
+                "time/train_seconds": trained - recomputed,
+                "time/sync_seconds": synced - trained,
+            }
+            for name, value in timings.items():
+                live.log_metric(name, value)
+            live.log_metric("grpo_step", state.step)
+            live.sync()
+            progress.set_postfix(reward=f"{batch.reward_metadata['reward_mean']:.3f}")
+            if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
+                save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint)
+
+        evaluate_and_log(state.step)
+    return best

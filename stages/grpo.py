@@ -1,0 +1,52 @@
+"""Stage grpo: GRPO from the base, SFT or EI model; keeps the best (validation) and the final policy. Resumable."""
+
+from pathlib import Path
+
+from reasonrl.atomic import atomic_write_json
+from reasonrl.cli import open_live, run_stage, stage_parser
+from reasonrl.config import load_params
+from reasonrl.data import load_gsm8k
+from reasonrl.grpo import run_grpo
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import load_policy, save_policy
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    for name in ("base", "sft", "ei"):
+        parser.add_argument(f"--{name}", required=True, help=f"{name} model directory (grpo.init_model: {name})")
+    parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
+    parser.add_argument("--out", required=True, help="output directory: best/ and final/ models")
+    parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
+    parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--live", required=True, help="DVCLive directory for the curves and example rollouts")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    config = params.grpo
+    start = vars(args)[config.init_model]
+    train = load_gsm8k(Path(args.data) / "train.jsonl")
+    val = load_gsm8k(Path(args.data) / "val.jsonl")
+
+    engine = RolloutEngine(start, params.rollout)
+    policy, tokenizer = load_policy(start, engine.policy_device(), config.gradient_checkpointing)
+    best = run_grpo(
+        policy,
+        tokenizer,
+        engine,
+        train,
+        val,
+        config,
+        params.eval,
+        open_live=lambda resume: open_live(args.live, resume=resume),
+        live_dir=Path(args.live),
+        checkpoint_dir=Path(args.checkpoints),
+        init_model_dir=start,
+    )
+    save_policy(policy, tokenizer, Path(args.out) / "final")
+    save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
+    atomic_write_json(args.metrics, {"best_val_accuracy": best.accuracy, "best_step": best.step})
+    print(f"grpo: best validation accuracy {best.accuracy:.3f} at step {best.step}")
+
+
+if __name__ == "__main__":
+    run_stage(main)
