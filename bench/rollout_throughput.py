@@ -12,7 +12,8 @@ that a change in machine load hits both:
    length; HF generates in batches of 64 and must run every batch to its longest sequence. Only the useful tokens
    (the reference lengths) count, for both.
 
-Run: ``python bench/rollout_throughput.py`` (about 3 minutes on 2 cores). The last line is the headline ratio.
+Run: ``python bench/rollout_throughput.py`` (minutes on 2 idle cores; much longer on a busy machine: both peers'
+OpenMP threads slow down badly when the cores are shared). The last line is the headline ratio.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="both peers' dtype")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per peer and shape (median reported)")
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="vLLM's CPU KV cache")
+    parser.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads for both (default: torch's)")
     return parser.parse_args()
 
 
@@ -89,19 +91,21 @@ def tokens_per_second(run: Callable[[], int]) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def measure(peers: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
-    """Median tokens/s per peer after one untimed warm-up each; peers alternate within every repeat."""
+def measure(peers: dict[str, Callable[[list[int]], int]], lengths: list[int], repeats: int) -> dict[str, float]:
+    """Median tokens/s per peer after an untimed warm-up (every prompt, 8 tokens); peers alternate in each repeat."""
     for run in peers.values():
-        run()
+        run([8] * len(lengths))
     rates: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(repeats):
         for name, run in peers.items():
-            rates[name].append(tokens_per_second(run))
+            rates[name].append(tokens_per_second(lambda run=run: run(lengths)))
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
 def main() -> None:
     args = parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # before the engine starts: its OpenMP kernels share torch's threads
     mirror = Path(resolve_source(None, str(DEFAULT_MIRROR)))
     examples = load_gsm8k(mirror / "train.jsonl")
     template = load_prompt("r1_zero")
@@ -135,12 +139,12 @@ def main() -> None:
             f"forced_{args.forced_tokens}": [args.forced_tokens] * len(prompts),
             "rl_shape": reference_lengths,
         }
+        peers = {
+            "vllm": lambda lengths: vllm_generate(engine, prompts, lengths),
+            "hf": lambda lengths: hf_generate(hf_model, tokenizer, prompts, lengths, args.hf_batch_size),
+        }
         for shape, lengths in shapes.items():
-            peers = {
-                "vllm": lambda lengths=lengths: vllm_generate(engine, prompts, lengths),
-                "hf": lambda lengths=lengths: hf_generate(hf_model, tokenizer, prompts, lengths, args.hf_batch_size),
-            }
-            results[shape] = measure(peers, args.repeats)
+            results[shape] = measure(peers, lengths, args.repeats)
             print(
                 f"{shape}: RolloutEngine {results[shape]['vllm']:,.0f} tok/s, HF generate "
                 f"{results[shape]['hf']:,.0f} tok/s (useful tokens, median of {args.repeats})"

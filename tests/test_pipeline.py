@@ -29,6 +29,15 @@ TEST_OVERRIDES = {
     "ei.eval_examples": 8,
     "ei.batch_size": 8,
     "ei.microbatch_size": 8,
+    "grpo.n_grpo_steps": 3,
+    "grpo.rollout_batch_size": 16,
+    "grpo.group_size": 4,
+    "grpo.train_batch_size": 16,
+    "grpo.gradient_accumulation_steps": 2,
+    "grpo.max_tokens": 24,
+    "grpo.eval_every": 2,
+    "grpo.eval_examples": 8,
+    "grpo.checkpoint_every": 2,
 }
 
 
@@ -125,6 +134,31 @@ def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], clone, env))
     changed = diff["reports/sft/metrics.json"]["train_pairs"]
     assert (changed["old"], changed["new"]) == (stats["kept"], 128)
+
+
+@pytest.mark.slow
+def test_dvc_repro_grpo_then_loss_type_ablation(pipeline_repo):
+    clone, env = pipeline_repo
+    run(["dvc", "repro", "grpo"], clone, env)
+    grpo = json.loads((clone / "reports/grpo/metrics.json").read_text())
+    assert grpo["best_step"] in (0, 2, 3)
+    for kind in ("best", "final"):
+        assert (clone / "models/grpo" / kind / "model.safetensors").is_file()
+    reward = (clone / "reports/grpo/live/plots/metrics/rollout/reward.tsv").read_text().splitlines()
+    assert len(reward) == 1 + 3  # one optimizer step per GRPO step here
+    assert sorted(p.name for p in (clone / "reports/grpo/live/examples").iterdir()) == [
+        "step_000000.json",
+        "step_000002.json",
+        "step_000003.json",
+    ]
+    assert "Data and pipelines are up to date" in run(["dvc", "status", "grpo"], clone, env)
+
+    run(["git", "add", "-A"], clone, env)
+    run(["git", "commit", "-qm", "grpo results"], clone, env)
+    run(["dvc", "exp", "run", "-S", "grpo.loss_type=no_baseline", "grpo"], clone, env)
+    params = json.loads(run(["dvc", "params", "diff", "--json"], clone, env))
+    assert params["params.yaml"]["grpo.loss_type"] == {"old": "reinforce_with_baseline", "new": "no_baseline"}
+    assert "reports/grpo/metrics.json" in run(["dvc", "metrics", "show"], clone, env)
 
 
 @pytest.mark.slow
