@@ -14,7 +14,7 @@ setup: $(SETUP_STAMP)
 $(SETUP_STAMP): requirements/cpu.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-deps --requirement requirements/cpu.lock
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation --editable .
+	$(BIN)/python -m pip install --quiet --no-deps --editable .
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(BIN)/python -c "import vllm, torch, transformers, dvc, snakemake, reasonrl"
 	touch $@
 
