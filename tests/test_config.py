@@ -87,3 +87,13 @@ def test_preset_cannot_invent_parameters():
         apply_overrides({"model": {"name": "x"}}, {"model.nme": "tiny"})
     with pytest.raises(ConfigError, match="unknown preset 'gpu9'"):
         load_preset("gpu9")
+
+
+def test_exponent_without_dot_is_a_number(tmp_path):
+    """PyYAML reads ``5e-5`` as a string (YAML 1.1); ``dvc exp run -S grpo.learning_rate=5e-5`` writes exactly that."""
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text().replace("learning_rate: 1.0e-5", "learning_rate: 5e-5"))
+    assert load_params(path).grpo.learning_rate == 5e-5
+    path.write_text((REPO / "params.yaml").read_text().replace("learning_rate: 1.0e-5", "learning_rate: fast"))
+    with pytest.raises(ConfigError, match="grpo.learning_rate: must be a number, got 'fast'"):
+        load_params(path)

@@ -93,7 +93,7 @@ def test_grpo_raises_train_reward(
     assert len(per_grpo_step) == 12
     early, late = sum(per_grpo_step[:3]) / 3, sum(per_grpo_step[-3:]) / 3
     print(f"{loss_type}: train reward per step {[round(r, 3) for r in per_grpo_step]}")
-    assert late > early + 0.08, f"train reward did not rise: first 3 steps {early:.3f}, last 3 {late:.3f}"
+    assert late > early + 0.05, f"train reward did not rise: first 3 steps {early:.3f}, last 3 {late:.3f}"
     if loss_type == "grpo_clip":
         clip_rows = (live_dir / "plots/metrics/train/clip_fraction.tsv").read_text().splitlines()[1:]
         assert max(float(row.split("\t")[-1]) for row in clip_rows) > 0  # the second epoch is off-policy

@@ -73,7 +73,7 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
 
     rerun = subprocess.run(stage_command(params, data, model, resumed), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"resuming from {resumed / 'checkpoints' / killed_at[-1]}" in rerun.stderr
+    assert f"resuming from {resumed / 'checkpoints' / killed_at[-1]}" in rerun.stdout + rerun.stderr
 
     for kind in ("final", "best"):
         expected = load_file(uninterrupted / "grpo" / kind / "model.safetensors")
@@ -99,4 +99,4 @@ def test_checkpoint_of_other_params_is_not_resumed(stage_inputs):
     (out / "checkpoints" / "step-000004").exists() or pytest.fail("expected a checkpoint from the first run")
     rerun = subprocess.run(stage_command(changed, data, model, out), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "was made with other params; starting afresh" in rerun.stderr
+    assert "was made with other params; starting afresh" in rerun.stdout + rerun.stderr

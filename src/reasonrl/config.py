@@ -363,6 +363,12 @@ def _convert(value: Any, annotation: Any, name: str) -> Any:
         _, inner = typing.get_args(annotation)
         return {str(key): _convert(item, inner, f"{name}.{key}") for key, item in value.items()}
     if annotation is float:
+        # PyYAML follows YAML 1.1, where "5e-5" (no dot) is a string: DVC writes such values for `-S x=5e-5`.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         _require(
             isinstance(value, int | float) and not isinstance(value, bool), name, f"must be a number, got {value!r}"
         )
