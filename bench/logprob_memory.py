@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from reasonrl import get_response_log_probs, masked_mean
-from reasonrl.tiny_model import TinyModelSpec
+from reasonrl.tiny_model import TinyModelSpec, tiny_qwen2_config
 
 PEERS = ("naive", "lean")
 TARGET_RATIO = 1 / 3
@@ -57,17 +57,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def build_model(vocab_size: int, device: torch.device) -> Qwen2ForCausalLM:
-    spec = TinyModelSpec(vocab_size=vocab_size)
-    config = Qwen2Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        intermediate_size=spec.intermediate_size,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
-    )
+    config = tiny_qwen2_config(TinyModelSpec(), vocab_size)
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).to(device).train()
 

@@ -57,10 +57,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return wrapped
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, seed: int) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 causal LM sized to ``tokenizer``; the same seed gives the same weights."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+def tiny_qwen2_config(
+    spec: TinyModelSpec, vocab_size: int, eos_token_id: int | None = None, pad_token_id: int | None = None
+) -> Qwen2Config:
+    """The Qwen2 configuration of the tiny model (tied embeddings, fp32)."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
@@ -68,10 +70,15 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, se
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         torch_dtype="float32",
     )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, seed: int) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 causal LM sized to ``tokenizer``; the same seed gives the same weights."""
+    config = tiny_qwen2_config(spec, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
