@@ -30,3 +30,9 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The benchmarks' peers (TRL and what it needs beyond the lock), --no-deps so torch and vLLM stay as locked.
+.PHONY: bench-deps
+bench-deps: setup
+	$(BIN)/python -m pip install --quiet --no-deps --requirement requirements/bench.txt
+	$(BIN)/python -c "import trl; from trl import GRPOTrainer, GRPOConfig"
