@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SETUP_STAMP := $(VENV)/.reasonrl-setup
 
-.PHONY: setup test test-fast lint clean-venv
+.PHONY: setup demo test test-fast lint clean-venv
 
 setup: $(SETUP_STAMP)
 
@@ -17,6 +17,13 @@ $(SETUP_STAMP): requirements/cpu.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --editable .
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(BIN)/python -c "import vllm, torch, transformers, dvc, snakemake, reasonrl"
 	touch $@
+
+# The README's main job on a CPU: the CPU preset written into params.yaml (git diff shows it; `git checkout
+# params.yaml` restores the full-scale config), then every stage through DVC, ending in the report.
+demo: setup
+	$(BIN)/python -m reasonrl.presets cpu --apply
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	@echo "report: $(CURDIR)/reports/report.html (Markdown: reports/report.md; metrics: dvc metrics show)"
 
 test: setup
 	$(BIN)/python -m pytest

@@ -1,19 +1,14 @@
 """The real DVC pipeline on the CPU preset, in a temporary git repository holding this working tree."""
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from pipeline_repo import make_pipeline_repo, run
 
-from reasonrl.presets import apply_to_file, load_preset
-
-REPO = Path(__file__).resolve().parents[1]
-# Even smaller than the CPU preset: this checks the plumbing, not the accuracy.
+# The CPU preset on GSM8K (the preset's own data is synthetic), smaller still: this checks the plumbing.
 TEST_OVERRIDES = {
+    "data.name": "gsm8k",
     "eval.num_examples": 12,
     "eval.max_tokens": 24,
     "data.val_size": 50,
@@ -41,41 +36,9 @@ TEST_OVERRIDES = {
 }
 
 
-def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def pipeline_repo(tmp_path_factory, gsm8k_mirror):
-    """This working tree (tracked and untracked-but-not-ignored files) committed into a fresh git repo."""
-    clone = tmp_path_factory.mktemp("repo")
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (clone / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, clone / name)
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "GSM8K_MIRROR": str(gsm8k_mirror),
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    apply_to_file({**load_preset("cpu"), **TEST_OVERRIDES}, clone / "params.yaml")
-    run(["git", "init", "-q"], clone, env)
-    run(["git", "add", "-A"], clone, env)
-    run(["git", "commit", "-qm", "pipeline under test"], clone, env)
-    return clone, env
+    return make_pipeline_repo(tmp_path_factory.mktemp("repo"), TEST_OVERRIDES, gsm8k_mirror)
 
 
 @pytest.mark.slow

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
@@ -96,3 +98,26 @@ def evaluate(
                 }
             )
     return EvalResult(metrics=summarize(records), records=records)
+
+
+def evaluate_checkpoints(
+    engine: RolloutEngine,
+    model_dirs: Mapping[str, str | Path],
+    examples: list[GSM8KExample],
+    prompt_name: str,
+    config: EvalConfig,
+    seed: int,
+) -> dict[str, EvalResult]:
+    """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
+    ``examples``, one after another in the same engine, with identical sampling settings and seed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    full = dataclasses.replace(config, num_examples=None)
+    results = {}
+    for name, model_dir in model_dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        engine.sync_weights(model)
+        del model
+        results[name] = evaluate(engine, examples, prompt_name, full, seed=seed)
+    return results

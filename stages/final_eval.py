@@ -1,0 +1,61 @@
+"""Stage final_eval: every route's model on the whole test split, r1_zero prompt, identical sampling and seed."""
+
+from pathlib import Path
+
+from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
+from reasonrl.cli import run_stage, stage_parser
+from reasonrl.config import ConfigError, load_params
+from reasonrl.data import load_gsm8k
+from reasonrl.evaluation import evaluate_checkpoints
+from reasonrl.models import TOKENIZER_FILES, validate_model_dir
+from reasonrl.rollout import RolloutEngine
+
+
+def parse_models(specs: list[str]) -> dict[str, Path]:
+    """``name=directory`` pairs, in order; each directory must hold a model with the first one's tokenizer."""
+    models: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        if not sep or not name or not directory or name in models:
+            raise ConfigError(f"--model {spec!r}: expected a new NAME=DIRECTORY")
+        models[name] = Path(directory)
+        validate_model_dir(models[name])
+    first = next(iter(models.values()))
+    for name, directory in models.items():
+        if tokenizer_files(directory) != tokenizer_files(first):
+            raise ConfigError(f"--model {name}={directory}: its tokenizer differs from {first}'s")
+    return models
+
+
+def tokenizer_files(directory: Path) -> dict[str, bytes]:
+    return {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
+
+
+def main() -> None:
+    parser = stage_parser(__doc__)
+    parser.add_argument("--data", required=True, help="directory with test.jsonl")
+    parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
+    parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
+    parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
+    args = parser.parse_args()
+    params = load_params(args.params)
+    models = parse_models(args.model)
+    test = load_gsm8k(Path(args.data) / "test.jsonl")
+
+    # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
+    engine = RolloutEngine(next(iter(models.values())), params.rollout)
+    results = evaluate_checkpoints(engine, models, test, "r1_zero", params.eval, seed=params.rollout.seed)
+    with atomic_directory(args.generations) as staging:
+        for name, result in results.items():
+            atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
+    atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
+    for name, result in results.items():
+        metrics = result.metrics
+        print(
+            f"{name}: test accuracy {metrics['accuracy']:.3f} ± {1.96 * metrics['accuracy_stderr']:.3f} "
+            f"(n={metrics['n']}), format rate {metrics['format_rate']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    run_stage(main)

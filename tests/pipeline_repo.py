@@ -1,0 +1,52 @@
+"""A temporary git repository holding this working tree with a params preset applied: where the DVC pipeline runs
+in the end-to-end tests."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from reasonrl.presets import apply_to_file, load_preset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def make_pipeline_repo(
+    clone: Path, overrides: dict[str, Any], gsm8k_mirror: Path | None = None
+) -> tuple[Path, dict[str, str]]:
+    """This working tree (tracked and untracked-but-not-ignored files) committed into a fresh git repo at
+    ``clone``, with the CPU preset and then ``overrides`` written into its params.yaml."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, clone / name)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    if gsm8k_mirror is not None:
+        env["GSM8K_MIRROR"] = str(gsm8k_mirror)
+    apply_to_file({**load_preset("cpu"), **overrides}, clone / "params.yaml")
+    run(["git", "init", "-q"], clone, env)
+    run(["git", "add", "-A"], clone, env)
+    run(["git", "commit", "-qm", "pipeline under test"], clone, env)
+    return clone, env

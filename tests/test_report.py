@@ -1,0 +1,343 @@
+"""The report stage: numbers in the tables, figures as real PNGs, a self-contained HTML page, the ablation table
+from a real ``dvc exp run`` in a throwaway repository, and clear errors for missing inputs."""
+
+import base64
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reasonrl.cli import open_live
+from reasonrl.evaluation import summarize
+from reasonrl.report import (
+    CurrentRun,
+    Experiment,
+    ReportInputError,
+    ReportInputs,
+    ablation_rows,
+    build_report,
+    flatten,
+    grpo_evaluations,
+    parse_exp_show,
+    pick_example_files,
+    read_params,
+    render_html,
+    render_markdown,
+    wilson_interval,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# (correct, format_only, neither) per route, and the response length of each category.
+COUNTS = {"base": (0, 3, 7), "sft": (3, 5, 2), "ei": (4, 5, 1), "grpo": (6, 3, 1)}
+BASELINE_COUNTS = {"r1_zero": (1, 2, 7), "question_only": (2, 0, 8)}
+LENGTHS = {"correct": 40, "format_only": 60, "neither": 100}
+# GRPO as run_grpo logs it: 2 optimizer steps per GRPO step, evaluation every 2 GRPO steps and at the end.
+GRPO_STEPS, OPTIMIZER_STEPS_PER_STEP, GRPO_EVAL_EVERY, SECONDS_PER_STEP = 6, 2, 2, 1.5
+GRPO_ACCURACY = {0: 0.1, 2: 0.2, 4: 0.25, 6: 0.4}
+
+
+def graded(correct: int, format_only: int, neither: int) -> list[dict]:
+    records = [{"reward": 1.0, "format_reward": 1.0, "length": LENGTHS["correct"]}] * correct
+    records += [{"reward": 0.0, "format_reward": 1.0, "length": LENGTHS["format_only"]}] * format_only
+    return records + [{"reward": 0.0, "format_reward": 0.0, "length": LENGTHS["neither"]}] * neither
+
+
+def write_sft_live(live_dir: Path) -> None:
+    with open_live(str(live_dir)) as live:
+        for step in range(1, 7):
+            live.step = step
+            live.log_metric("train/loss", 2.0 / step)
+            live.log_metric("train/entropy", 1.5 - 0.1 * step)
+            if step % 3 == 0:
+                live.log_metric("eval/accuracy", 0.05 * step)
+                live.log_metric("eval/format_rate", 0.1 * step)
+                live.log_metric("eval/response_length_all", 50 + step)
+            live.next_step()
+
+
+def write_ei_live(live_dir: Path) -> None:
+    with open_live(str(live_dir)) as live:
+        for round_index in range(1, 4):
+            live.step = round_index
+            live.log_metric("rollout/response_length", 70 - round_index)
+            if round_index != 2:  # a round that kept no pairs logs no training metrics
+                live.log_metric("train/entropy", 1.0 / round_index)
+            live.log_metric("eval/accuracy", 0.1 * round_index)
+            live.next_step()
+
+
+def write_grpo_live(live_dir: Path) -> None:
+    """The logging pattern of ``reasonrl.grpo.run_grpo``, with example files at every evaluation."""
+    optimizer_steps, elapsed = 0, 0.0
+    with open_live(str(live_dir)) as live:
+
+        def evaluate(step: int) -> None:
+            live.step = optimizer_steps
+            live.log_metric("eval/accuracy", GRPO_ACCURACY[step])
+            live.log_metric("eval/format_rate", 0.9)
+            live.log_metric("time/elapsed_seconds", elapsed)
+            live.log_metric("grpo_step", step)
+            examples = [
+                {"step": step, "prompt": "Q?", "response": f"step {step} #{i} <answer> 5 </answer> & ```", "reward": i}
+                for i in range(4)
+            ]
+            (live_dir / "examples").mkdir(parents=True, exist_ok=True)
+            (live_dir / "examples" / f"step_{step:06d}.json").write_text(json.dumps(examples), encoding="utf-8")
+            live.sync()
+
+        for step in range(GRPO_STEPS):
+            if step % GRPO_EVAL_EVERY == 0:
+                evaluate(step)
+            for _ in range(OPTIMIZER_STEPS_PER_STEP):
+                optimizer_steps += 1
+                live.step = optimizer_steps
+                for name, value in {"train/loss": 0.1, "train/entropy": 0.8, "rollout/response_length": 90.0}.items():
+                    live.log_metric(name, value)
+            elapsed += SECONDS_PER_STEP
+            live.log_metric("time/rollout_seconds", 1.0)
+            live.log_metric("grpo_step", step + 1)
+            live.sync()
+        evaluate(GRPO_STEPS)
+
+
+@pytest.fixture(scope="module")
+def reports_dir(tmp_path_factory) -> Path:
+    reports = tmp_path_factory.mktemp("reports")
+    (reports / "final").mkdir()
+    (reports / "final" / "metrics.json").write_text(json.dumps({r: summarize(graded(*c)) for r, c in COUNTS.items()}))
+    (reports / "baseline").mkdir()
+    baseline = {name: summarize(graded(*c)) for name, c in BASELINE_COUNTS.items()}
+    (reports / "baseline" / "metrics.json").write_text(json.dumps(baseline))
+    write_sft_live(reports / "sft" / "live")
+    write_ei_live(reports / "ei" / "live")
+    write_grpo_live(reports / "grpo" / "live")
+    (reports / "grpo" / "metrics.json").write_text(json.dumps({"best_val_accuracy": 0.4, "best_step": 6}))
+    return reports
+
+
+@pytest.fixture
+def params_file(tmp_path) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text("grpo:\n  learning_rate: 1.0e-5\n  loss_type: reinforce_with_baseline\n", encoding="utf-8")
+    return path
+
+
+def test_wilson_interval_hand_checked():
+    # p = 0.3, n = 10: centre (0.3 + 1.96²/20) / (1 + 1.96²/10) = 0.3555, half-width 0.2477.
+    assert wilson_interval(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    # p = 0: the normal interval collapses to a point; Wilson's upper end is z² / (n + z²) = 0.2775.
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+
+
+def test_grpo_evaluations_join_accuracy_time_and_grpo_step(reports_dir):
+    evaluations = grpo_evaluations(reports_dir / "grpo" / "live")
+    expected = [(step, step * SECONDS_PER_STEP, accuracy) for step, accuracy in GRPO_ACCURACY.items()]
+    assert [(e.grpo_step, e.elapsed_seconds, e.accuracy) for e in evaluations] == expected  # exact in binary
+
+
+def test_example_files_first_middle_last(reports_dir):
+    files = pick_example_files(reports_dir / "grpo" / "live" / "examples")
+    assert [f.name for f in files] == ["step_000000.json", "step_000004.json", "step_000006.json"]
+
+
+def accuracy_cell(correct: int, n: int) -> str:
+    low, high = wilson_interval(correct, n)
+    return f"{100 * correct / n:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def test_report_tables_figures_and_html(reports_dir, params_file):
+    report = build_report(ReportInputs(reports_dir, params_file, repo_root=None))
+    markdown = render_markdown(report.blocks, "figures")
+    page = render_html(report.blocks, report.figures)
+
+    # Test accuracy and baseline tables: numbers from the graded records.
+    for name, (correct, format_only, neither) in (COUNTS | BASELINE_COUNTS).items():
+        n = correct + format_only + neither
+        incorrect = (format_only * LENGTHS["format_only"] + neither * LENGTHS["neither"]) / (format_only + neither)
+        everything = (correct * LENGTHS["correct"] + (format_only + neither) * incorrect) / n
+        lengths = [f"{everything:.1f}", f"{LENGTHS['correct']:.1f}" if correct else "—", f"{incorrect:.1f}"]
+        row = (
+            f"| {name} | {n} | {accuracy_cell(correct, n)} | {100 * (correct + format_only) / n:.1f}% "
+            f"| {correct} / {format_only} / {neither} | {' / '.join(lengths)} |"
+        )
+        assert row in markdown, row
+    assert "Wilson" in markdown
+
+    # Figures: valid PNGs, linked relatively from Markdown, inline in HTML.
+    expected = {"test_accuracy", "validation_curves", "grpo_wallclock", "training_dynamics", "categories"}
+    assert set(report.figures) == {f"{name}.png" for name in expected}
+    for name, png in report.figures.items():
+        assert png.startswith(PNG_MAGIC) and len(png) > 1000
+        assert f"](figures/{name})" in markdown
+    inline = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(inline) == len(expected)
+    assert all(base64.b64decode(data).startswith(PNG_MAGIC) for data in inline)
+    assert 'src="figures/' not in page and "<link" not in page
+
+    # Example rollouts: first, middle and last evaluation, two each, escaped in HTML and fenced in Markdown.
+    for step in (0, 4, 6):
+        assert f"### GRPO step {step}" in markdown
+        assert f"step {step} #1 " in markdown and f"step {step} #2 " not in markdown
+    assert "### GRPO step 2" not in markdown
+    assert "step 6 #0 &lt;answer&gt; 5 &lt;/answer&gt; &amp; ```" in page
+    assert "````text\nstep 6 #0 <answer> 5 </answer> & ```\n````" in markdown
+    assert "No experiments" in markdown
+
+
+def test_missing_optional_inputs_are_named(reports_dir, params_file, tmp_path):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    shutil.rmtree(reports / "ei" / "live")
+    (reports / "baseline" / "metrics.json").unlink()
+    shutil.rmtree(reports / "grpo" / "live" / "examples")
+    markdown = render_markdown(build_report(ReportInputs(reports, params_file)).blocks)
+    assert f"Missing: `{(reports / 'ei' / 'live' / 'plots/metrics/eval/accuracy.tsv').as_posix()}`" in markdown
+    assert "ei `train/entropy`" in markdown and "ei `rollout/response_length`" in markdown
+    assert f"`{(reports / 'baseline' / 'metrics.json').as_posix()}` is missing" in markdown
+    assert "Not available: no `step_*.json`" in markdown
+
+
+def test_missing_final_metrics_names_the_file(tmp_path, params_file):
+    with pytest.raises(ReportInputError, match=re.escape(str(tmp_path / "final" / "metrics.json"))):
+        build_report(ReportInputs(tmp_path, params_file))
+
+
+def run_stage_script(monkeypatch, cwd: Path, *args: str) -> None:
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    monkeypatch.setattr(sys, "argv", ["stages/report.py", *args])
+    runpy.run_path(str(ROOT / "stages" / "report.py"), run_name="__main__")
+
+
+STAGE_ARGS = ("--reports", "reports", "--out", "reports/report.md", "--html", "reports/report.html")
+
+
+def test_stage_outside_a_dvc_repository_warns_and_writes_everything(reports_dir, tmp_path, monkeypatch, capsys):
+    shutil.copytree(reports_dir, tmp_path / "reports")
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    run_stage_script(monkeypatch, tmp_path, *STAGE_ARGS, "--figures", "reports/figures")
+    assert re.search(
+        r"warning: no experiments in the report: `dvc exp show --json` in \. failed: .+", capsys.readouterr().err
+    )
+    markdown = (tmp_path / "reports" / "report.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\((figures/[a-z_]+\.png)\)", markdown)
+    assert len(links) == 5
+    for link in links:
+        assert (tmp_path / "reports" / link).read_bytes().startswith(PNG_MAGIC)
+    assert "data:image/png;base64," in (tmp_path / "reports" / "report.html").read_text(encoding="utf-8")
+
+
+def test_stage_without_final_metrics_exits_with_the_file_name(tmp_path, monkeypatch, capsys):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        run_stage_script(monkeypatch, tmp_path, *STAGE_ARGS, "--figures", "reports/figures")
+    assert exit_info.value.code == 2
+    assert "error: reports/final/metrics.json: missing" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- ablation from real DVC
+# A one-stage pipeline whose command writes the metric files from params.yaml and then runs `dvc exp show --json`
+# (the command `run_exp_show` runs) from inside the stage, as the report stage does under `dvc exp run`; only in
+# the second experiment, to save time.
+EXP_DVC_YAML = """\
+stages:
+  run:
+    cmd: >-
+      {python} -c "import json, os, yaml; p = yaml.safe_load(open('params.yaml'));
+      os.makedirs('reports/final', exist_ok=True); os.makedirs('reports/grpo', exist_ok=True);
+      json.dump({{'grpo': {{'accuracy': p['grpo']['learning_rate'] * 1000}}}}, open('reports/final/metrics.json', 'w'));
+      json.dump({{'best_val_accuracy': p['grpo']['learning_rate'] * 2000}}, open('reports/grpo/metrics.json', 'w'))"
+      && if [ "$DVC_EXP_NAME" = lr3 ]; then {python} -m dvc exp show --json; else echo []; fi > show.json
+    params: [grpo]
+    outs: [show.json]
+    metrics: [reports/final/metrics.json, reports/grpo/metrics.json]
+"""
+
+
+def test_ablation_rows_from_dvc_exp_show_inside_a_running_experiment(tmp_path, monkeypatch):
+    """Two experiments: the table seen from inside the second lists the baseline commit, the first experiment
+    (done) and the second once, as the current run, with the params each changed."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    for name in ("DVC_ROOT", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_STAGE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*command: str) -> None:
+        subprocess.run(command, cwd=repo, check=True, capture_output=True, timeout=120)
+
+    run("git", "init", "-q", "-b", "main")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    (repo / "params.yaml").write_text("grpo:\n  learning_rate: 0.0001\n  loss_type: grpo_clip\n")
+    (repo / "dvc.yaml").write_text(EXP_DVC_YAML.format(python=sys.executable))
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "pipeline")
+    run(sys.executable, "-m", "dvc", "exp", "run", "-n", "lr2", "-S", "grpo.learning_rate=0.0002")
+    run(
+        sys.executable,
+        "-m",
+        "dvc",
+        "exp",
+        "run",
+        "-n",
+        "lr3",
+        "-S",
+        "grpo.learning_rate=0.0003",
+        "-S",
+        "grpo.loss_type=x",
+    )
+
+    shown = json.loads((repo / "show.json").read_text())
+    experiments = parse_exp_show(shown, "params.yaml", "reports/final/metrics.json", "reports/grpo/metrics.json")
+    current = CurrentRun("lr3", {"grpo.learning_rate": 0.0003, "grpo.loss_type": "x"}, 0.3, 0.6)
+    rows = {row.name: row for row in ablation_rows(experiments, current)}
+    assert list(rows) == ["main", "lr3", "lr2"]
+    assert rows["main"].state == "baseline" and rows["main"].changes == {}
+    assert rows["lr2"].state == "done" and not rows["lr2"].current
+    assert rows["lr2"].changes == {"grpo.learning_rate": (0.0001, 0.0002)}
+    assert (rows["lr2"].test_accuracy, rows["lr2"].best_val_accuracy) == pytest.approx((0.2, 0.4))
+    assert rows["lr3"].current and rows["lr3"].state == "running"
+    assert rows["lr3"].changes == {"grpo.learning_rate": (0.0001, 0.0003), "grpo.loss_type": ("grpo_clip", "x")}
+    assert (rows["lr3"].test_accuracy, rows["lr3"].best_val_accuracy) == (0.3, 0.6)
+
+
+def experiment(name: str, state: str, params: dict, accuracy: float | None, rev: str = "abc1234") -> Experiment:
+    return Experiment(name, rev, state, params, {"grpo.lr": 1e-5, "grpo.loss": "a"}, accuracy, None)
+
+
+def test_current_run_is_merged_into_the_experiment_it_reproduces_else_appended():
+    experiments = [
+        experiment("main", "baseline", {"grpo.lr": 1e-5, "grpo.loss": "a"}, 0.1),
+        experiment("e1", "done", {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3),
+    ]
+    # `dvc repro` after `dvc exp apply e1`: same params, same results → e1 is this run.
+    rows = ablation_rows(experiments, CurrentRun(None, {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3, None))
+    assert [(r.name, r.current) for r in rows] == [("main", False), ("e1", True)]
+    # Params changed by hand: a row of its own, compared with the baseline commit.
+    rows = ablation_rows(experiments, CurrentRun(None, {"grpo.lr": 1e-5, "grpo.loss": "b"}, 0.2, None))
+    assert (rows[-1].name, rows[-1].state, rows[-1].current) == ("workspace", "workspace", True)
+    assert rows[-1].changes == {"grpo.loss": ("a", "b")}
+    # A named experiment that `dvc exp show` did not list (e.g. asked from a temporary copy): appended by name.
+    rows = ablation_rows(experiments, CurrentRun("q9", {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3, None))
+    assert [(r.name, r.current) for r in rows] == [("main", False), ("e1", False), ("q9", True)]
+
+
+def test_params_read_as_dvc_writes_them(tmp_path):
+    # `dvc exp run -S grpo.lr=3.0e-5` writes `3e-05`, a string to YAML 1.1, a float to dvc exp show (YAML 1.2).
+    path = tmp_path / "params.yaml"
+    path.write_text("grpo:\n  lr: 3e-05\n  betas: [0.9, 0.95]\n  name: '1e3'\n  steps: 200\n", encoding="utf-8")
+    assert flatten(read_params(path)) == {
+        "grpo.lr": 3e-05,
+        "grpo.betas": [0.9, 0.95],
+        "grpo.name": "1e3",
+        "grpo.steps": 200,
+    }
