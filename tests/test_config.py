@@ -57,14 +57,15 @@ def test_invalid_params_name_the_parameter(tmp_path, override, message):
     assert str(error.value).startswith(f"{path}: ")
 
 
-def test_cpu_preset_selects_tiny_model_and_cpu_layout():
+def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout():
     overrides = checked_overrides("cpu", REPO / "params.yaml")
     tree = yaml.safe_load((REPO / "params.yaml").read_text())
     apply_overrides(tree, overrides)
     params = from_dict(Params, tree)
     assert params.model.name == "tiny"
     assert params.rollout.layout == "cpu"
-    assert params.eval.max_tokens < 1024 and params.eval.num_examples is not None
+    assert params.data.name == "arithmetic"
+    assert params.eval.max_tokens < 1024
 
 
 def test_preset_as_dvc_set_params_quotes_values():

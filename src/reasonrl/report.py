@@ -553,6 +553,21 @@ def _relative(path: Path, root: Path | None) -> str:
     return path.as_posix()
 
 
+def _run_section(report: Report, params: Mapping[str, Any]) -> None:
+    """What was run: a tiny model on synthetic problems reads very differently from the 1.5B model on GSM8K."""
+    flat = flatten(params)
+    data = flat.get("data.name", "gsm8k")
+    task = "synthetic arithmetic word problems in GSM8K's format" if data == "arithmetic" else "GSM8K"
+    report.blocks.append(
+        Paragraph(
+            f"Model `{flat.get('model.name')}` on {task} (`data.name: {data}`). Every route is evaluated on the same "
+            f"test split with the r1_zero prompt and the same sampling: temperature {flat.get('eval.temperature')}, "
+            f"top-p {flat.get('eval.top_p')}, at most {flat.get('eval.max_tokens')} new tokens, stop at "
+            f"{flat.get('eval.stop')}."
+        )
+    )
+
+
 def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
     report.blocks.append(Heading(2, "Test accuracy per route"))
     report.figures["test_accuracy.png"] = plot_test_accuracy(final)
@@ -741,6 +756,7 @@ def build_report(inputs: ReportInputs) -> Report:
 
     report = Report()
     report.blocks.append(Heading(1, "reasonrl report: zero-shot, SFT, expert iteration and GRPO"))
+    _run_section(report, read_params(inputs.params_path))
     _test_accuracy_section(report, final, final_path)
     _validation_section(report, live)
     _dynamics_section(report, live)
