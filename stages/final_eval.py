@@ -2,12 +2,14 @@
 
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import evaluate_checkpoints
-from reasonrl.models import TOKENIZER_FILES, validate_model_dir
+from reasonrl.models import validate_model_dir
 from reasonrl.rollout import RolloutEngine
 
 
@@ -20,15 +22,14 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
             raise ConfigError(f"--model {spec!r}: expected a new NAME=DIRECTORY")
         models[name] = Path(directory)
         validate_model_dir(models[name])
-    first = next(iter(models.values()))
+    # Token ids must mean the same in every model: the engine keeps the first model's tokenizer. (The files
+    # themselves may differ: transformers rewrites a tokenizer's pre-tokenizer settings when it saves it.)
+    vocabularies = {name: AutoTokenizer.from_pretrained(directory).get_vocab() for name, directory in models.items()}
+    first = next(iter(models))
     for name, directory in models.items():
-        if tokenizer_files(directory) != tokenizer_files(first):
-            raise ConfigError(f"--model {name}={directory}: its tokenizer differs from {first}'s")
+        if vocabularies[name] != vocabularies[first]:
+            raise ConfigError(f"--model {name}={directory}: its vocabulary differs from {models[first]}'s")
     return models
-
-
-def tokenizer_files(directory: Path) -> dict[str, bytes]:
-    return {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
 
 
 def main() -> None:

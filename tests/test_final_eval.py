@@ -1,0 +1,59 @@
+"""final_eval's model list: NAME=DIRECTORY pairs of loadable models that share one tokenizer."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "stages"))
+from final_eval import parse_models  # noqa: E402
+
+from reasonrl.config import ConfigError  # noqa: E402
+from reasonrl.models import ModelSourceError  # noqa: E402
+
+
+def test_models_keep_their_order(tiny_model_dir):
+    models = parse_models([f"sft={tiny_model_dir}", f"base={tiny_model_dir}"])
+    assert list(models) == ["sft", "base"] and models["base"] == tiny_model_dir
+
+
+@pytest.mark.parametrize("spec", ["base", "=models/base", "base=", "grpo=x=y"])
+def test_malformed_or_missing_model_is_an_error_naming_it(spec):
+    with pytest.raises((ConfigError, ModelSourceError), match="base|grpo|x=y"):
+        parse_models([spec])
+
+
+def test_a_name_given_twice_is_an_error(tiny_model_dir):
+    with pytest.raises(ConfigError, match="expected a new NAME=DIRECTORY"):
+        parse_models([f"base={tiny_model_dir}", f"base={tiny_model_dir}"])
+
+
+def test_a_tokenizer_saved_again_is_the_same_vocabulary(tiny_model_dir, tmp_path):
+    resaved = tmp_path / "resaved"
+    shutil.copytree(tiny_model_dir, resaved)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(resaved)  # as the sft/ei/grpo stages save it
+    assert list(parse_models([f"base={tiny_model_dir}", f"sft={resaved}"])) == ["base", "sft"]
+
+
+def test_models_with_different_vocabularies_are_refused(tiny_model_dir, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace("<think>", "<thinking>"))
+    with pytest.raises(ConfigError, match=f"grpo={other}: its vocabulary differs"):
+        parse_models([f"base={tiny_model_dir}", f"grpo={other}"])
+
+
+def test_stage_reports_bad_model_before_loading_anything(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(REPO / "params.yaml"),
+         "--data", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
+         "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"error: {tmp_path / 'missing'}: not a Hugging Face model directory" in result.stderr
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "g").exists()
