@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny tokenizer and Qwen2 model built here (the HF hub is unreachable)."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,4 +41,21 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer, tiny_model):
     path = tmp_path_factory.mktemp("tiny_model")
     tiny_model.save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def full_scale_params() -> str:
+    """The text of params.yaml as committed: the full-scale config. ``make demo`` writes the CPU preset into the
+    workspace copy and ``dvc exp run -S`` rewrites it; neither may change what the tests check."""
+    repo = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=repo, capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else (repo / "params.yaml").read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def params_file(tmp_path, full_scale_params):
+    """A copy of the committed params.yaml in a temporary directory."""
+    path = tmp_path / "params.yaml"
+    path.write_text(full_scale_params, encoding="utf-8")
     return path

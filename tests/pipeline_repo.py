@@ -19,11 +19,18 @@ def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
     return result.stdout
 
 
+def is_pipeline_result(name: str) -> bool:
+    """What `dvc repro` (e.g. `make demo`) leaves in the workspace for git to see: its lock file and the
+    .gitignore files beside the outputs under data/, models/ and reports/."""
+    return name == "dvc.lock" or name.split("/", 1)[0] in ("data", "models", "reports")
+
+
 def make_pipeline_repo(
     clone: Path, overrides: dict[str, Any], gsm8k_mirror: Path | None = None
 ) -> tuple[Path, dict[str, str]]:
-    """This working tree (tracked and untracked-but-not-ignored files) committed into a fresh git repo at
-    ``clone``, with the CPU preset and then ``overrides`` written into its params.yaml."""
+    """This working tree (tracked and untracked-but-not-ignored files, less the results of earlier pipeline runs)
+    committed into a fresh git repo at ``clone``, with the CPU preset and then ``overrides`` written into its
+    params.yaml."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -32,7 +39,7 @@ def make_pipeline_repo(
         check=True,
     ).stdout.split("\0")
     for name in filter(None, listed):
-        if (REPO / name).is_file():
+        if (REPO / name).is_file() and not is_pipeline_result(name):
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, clone / name)
     env = {

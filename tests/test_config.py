@@ -11,8 +11,8 @@ from reasonrl.presets import apply_overrides, apply_to_file, as_set_params, chec
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_repository_params_are_valid_full_scale():
-    params = load_params(REPO / "params.yaml")
+def test_repository_params_are_valid_full_scale(params_file):
+    params = load_params(params_file)
     assert params.model.name == "Qwen/Qwen2.5-Math-1.5B"
     assert params.rollout.layout == "split"
     assert (params.eval.temperature, params.eval.top_p, params.eval.max_tokens) == (1.0, 1.0, 1024)
@@ -46,8 +46,8 @@ def test_repository_params_are_valid_full_scale():
         ({"eval": {"num_examples": True}}, "eval.num_examples: must be int"),
     ],
 )
-def test_invalid_params_name_the_parameter(tmp_path, override, message):
-    tree = yaml.safe_load((REPO / "params.yaml").read_text())
+def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override, message):
+    tree = yaml.safe_load(full_scale_params)
     for section, values in override.items():
         tree.setdefault(section, {}).update(values)
     path = tmp_path / "params.yaml"
@@ -57,9 +57,9 @@ def test_invalid_params_name_the_parameter(tmp_path, override, message):
     assert str(error.value).startswith(f"{path}: ")
 
 
-def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout():
-    overrides = checked_overrides("cpu", REPO / "params.yaml")
-    tree = yaml.safe_load((REPO / "params.yaml").read_text())
+def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout(params_file):
+    overrides = checked_overrides("cpu", params_file)
+    tree = yaml.safe_load(params_file.read_text())
     apply_overrides(tree, overrides)
     params = from_dict(Params, tree)
     assert params.model.name == "tiny"
@@ -74,13 +74,11 @@ def test_preset_as_dvc_set_params_quotes_values():
     )
 
 
-def test_preset_applied_to_file_keeps_comments(tmp_path):
-    path = tmp_path / "params.yaml"
-    path.write_text((REPO / "params.yaml").read_text())
-    apply_to_file(load_preset("cpu"), path)
-    text = path.read_text()
+def test_preset_applied_to_file_keeps_comments(params_file):
+    apply_to_file(load_preset("cpu"), params_file)
+    text = params_file.read_text()
     assert "# hub id, local HF directory, or `tiny`" in text
-    assert load_params(path).model.name == "tiny"
+    assert load_params(params_file).model.name == "tiny"
 
 
 def test_preset_cannot_invent_parameters():
@@ -90,11 +88,11 @@ def test_preset_cannot_invent_parameters():
         load_preset("gpu9")
 
 
-def test_exponent_without_dot_is_a_number(tmp_path):
+def test_exponent_without_dot_is_a_number(tmp_path, full_scale_params):
     """PyYAML reads ``5e-5`` as a string (YAML 1.1); ``dvc exp run -S grpo.learning_rate=5e-5`` writes exactly that."""
     path = tmp_path / "params.yaml"
-    path.write_text((REPO / "params.yaml").read_text().replace("learning_rate: 1.0e-5", "learning_rate: 5e-5"))
+    path.write_text(full_scale_params.replace("learning_rate: 1.0e-5", "learning_rate: 5e-5"))
     assert load_params(path).grpo.learning_rate == 5e-5
-    path.write_text((REPO / "params.yaml").read_text().replace("learning_rate: 1.0e-5", "learning_rate: fast"))
+    path.write_text(full_scale_params.replace("learning_rate: 1.0e-5", "learning_rate: fast"))
     with pytest.raises(ConfigError, match="grpo.learning_rate: must be a number, got 'fast'"):
         load_params(path)

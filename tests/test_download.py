@@ -74,9 +74,9 @@ def test_source_precedence(monkeypatch):
     assert resolve_source(None, "https://x") == "https://x"
 
 
-def test_stage_script_reports_user_errors_in_one_line(tmp_path):
+def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_params):
     params = tmp_path / "params.yaml"
-    params.write_text((REPO / "params.yaml").read_text().replace("val_size: 500", "val_size: -3"))
+    params.write_text(full_scale_params.replace("val_size: 500", "val_size: -3"))
     result = subprocess.run(
         [sys.executable, str(REPO / "stages/download.py"), "--params", str(params), "--out", str(tmp_path / "d")],
         capture_output=True,

@@ -47,9 +47,9 @@ def test_models_with_different_vocabularies_are_refused(tiny_model_dir, tmp_path
         parse_models([f"base={tiny_model_dir}", f"grpo={other}"])
 
 
-def test_stage_reports_bad_model_before_loading_anything(tmp_path):
+def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     result = subprocess.run(
-        [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(REPO / "params.yaml"),
+        [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(params_file),
          "--data", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
          "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g")],
         capture_output=True, text=True,

@@ -34,14 +34,14 @@ OVERRIDES = {
 
 
 @pytest.fixture(scope="module")
-def stage_inputs(tmp_path_factory, tiny_model_dir):
+def stage_inputs(tmp_path_factory, tiny_model_dir, full_scale_params):
     root = tmp_path_factory.mktemp("grpo_stage")
     data = root / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("\n".join(arithmetic_lines(64, 0, 1, 9)) + "\n")
     (data / "val.jsonl").write_text("\n".join(arithmetic_lines(8, 1, 1, 9)) + "\n")
     params = root / "params.yaml"
-    params.write_text((REPO / "params.yaml").read_text())
+    params.write_text(full_scale_params)
     apply_to_file({**load_preset("cpu"), **OVERRIDES}, params)
     return root, params, data, tiny_model_dir
 
