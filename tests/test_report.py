@@ -170,6 +170,10 @@ def test_report_tables_figures_and_html(reports_dir, params_file):
         )
         assert row in markdown, row
     assert "Wilson" in markdown
+    accuracy = {name: counts[0] / sum(counts) for name, counts in COUNTS.items()}
+    for route, reference in (("sft", "base"), ("ei", "sft"), ("grpo", "sft")):
+        points = 100 * (accuracy[route] - accuracy[reference])
+        assert f"{route.upper()} vs {reference.upper()} {points:+.1f} points" in markdown
 
     # Figures: valid PNGs, linked relatively from Markdown, inline in HTML.
     expected = {"test_accuracy", "validation_curves", "grpo_wallclock", "training_dynamics", "categories"}

@@ -568,6 +568,19 @@ def _run_section(report: Report, params: Mapping[str, Any]) -> None:
     )
 
 
+# Each route against the one it starts from in the demo and the handout's comparisons.
+ROUTE_COMPARISONS = (("sft", "base"), ("ei", "sft"), ("grpo", "sft"))
+
+
+def accuracy_changes(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``"GRPO vs SFT +10.4 points"`` for each pair of :data:`ROUTE_COMPARISONS`."""
+    changes = []
+    for route, reference in ROUTE_COMPARISONS:
+        points = 100 * (final[route]["accuracy"] - final[reference]["accuracy"])
+        changes.append(f"{route.upper()} vs {reference.upper()} {points:+.1f} points")
+    return changes
+
+
 def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
     report.blocks.append(Heading(2, "Test accuracy per route"))
     report.figures["test_accuracy.png"] = plot_test_accuracy(final)
@@ -579,6 +592,7 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
         )
     )
     report.blocks.append(summary_table(final, "route"))
+    report.blocks.append(Paragraph("Change in test accuracy: " + "; ".join(accuracy_changes(final)) + "."))
     report.blocks.append(
         Paragraph(
             f"From `{final_path.as_posix()}`. Accuracy with its 95% Wilson score interval in brackets; "
