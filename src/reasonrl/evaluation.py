@@ -110,13 +110,15 @@ def evaluate_checkpoints(
 ) -> dict[str, EvalResult]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
     ``examples``, one after another in the same engine, with identical sampling settings and seed."""
-    import torch
     from transformers import AutoModelForCausalLM
 
+    from reasonrl.sft import policy_dtype
+
+    device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
     full = dataclasses.replace(config, num_examples=None)
     results = {}
     for name, model_dir in model_dirs.items():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device)).to(device)
         engine.sync_weights(model)
         del model
         results[name] = evaluate(engine, examples, prompt_name, full, seed=seed)
