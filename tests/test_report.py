@@ -124,7 +124,8 @@ def reports_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def params_file(tmp_path) -> Path:
+def report_params_file(tmp_path) -> Path:
+    """Just the params the ablation table compares (the conftest's ``params_file`` is the full config)."""
     path = tmp_path / "params.yaml"
     path.write_text("grpo:\n  learning_rate: 1.0e-5\n  loss_type: reinforce_with_baseline\n", encoding="utf-8")
     return path
@@ -153,8 +154,8 @@ def accuracy_cell(correct: int, n: int) -> str:
     return f"{100 * correct / n:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-def test_report_tables_figures_and_html(reports_dir, params_file):
-    report = build_report(ReportInputs(reports_dir, params_file, repo_root=None))
+def test_report_tables_figures_and_html(reports_dir, report_params_file):
+    report = build_report(ReportInputs(reports_dir, report_params_file, repo_root=None))
     markdown = render_markdown(report.blocks, "figures")
     page = render_html(report.blocks, report.figures)
 
@@ -196,22 +197,22 @@ def test_report_tables_figures_and_html(reports_dir, params_file):
     assert "No experiments" in markdown
 
 
-def test_missing_optional_inputs_are_named(reports_dir, params_file, tmp_path):
+def test_missing_optional_inputs_are_named(reports_dir, report_params_file, tmp_path):
     reports = tmp_path / "reports"
     shutil.copytree(reports_dir, reports)
     shutil.rmtree(reports / "ei" / "live")
     (reports / "baseline" / "metrics.json").unlink()
     shutil.rmtree(reports / "grpo" / "live" / "examples")
-    markdown = render_markdown(build_report(ReportInputs(reports, params_file)).blocks)
+    markdown = render_markdown(build_report(ReportInputs(reports, report_params_file)).blocks)
     assert f"Missing: `{(reports / 'ei' / 'live' / 'plots/metrics/eval/accuracy.tsv').as_posix()}`" in markdown
     assert "ei `train/entropy`" in markdown and "ei `rollout/response_length`" in markdown
     assert f"`{(reports / 'baseline' / 'metrics.json').as_posix()}` is missing" in markdown
     assert "Not available: no `step_*.json`" in markdown
 
 
-def test_missing_final_metrics_names_the_file(tmp_path, params_file):
+def test_missing_final_metrics_names_the_file(tmp_path, report_params_file):
     with pytest.raises(ReportInputError, match=re.escape(str(tmp_path / "final" / "metrics.json"))):
-        build_report(ReportInputs(tmp_path, params_file))
+        build_report(ReportInputs(tmp_path, report_params_file))
 
 
 def run_stage_script(monkeypatch, cwd: Path, *args: str) -> None:

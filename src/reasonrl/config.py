@@ -7,6 +7,7 @@ parameter (``eval.temperature``), before any stage loads a model.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -363,12 +364,6 @@ def _convert(value: Any, annotation: Any, name: str) -> Any:
         _, inner = typing.get_args(annotation)
         return {str(key): _convert(item, inner, f"{name}.{key}") for key, item in value.items()}
     if annotation is float:
-        # PyYAML follows YAML 1.1, where "5e-5" (no dot) is a string: DVC writes such values for `-S x=5e-5`.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
         _require(
             isinstance(value, int | float) and not isinstance(value, bool), name, f"must be a number, got {value!r}"
         )
@@ -400,11 +395,26 @@ def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'params'}: {error}") from None
 
 
+class _ParamsLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus YAML 1.2's exponent floats without a dot (``5e-05``, as ``dvc exp run -S`` writes
+    them), which YAML 1.1 reads as strings; DVC itself reads them as numbers."""
+
+
+_ParamsLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse a params or preset file as DVC reads it (see :class:`_ParamsLoader`)."""
+    return yaml.load(text, Loader=_ParamsLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate ``params.yaml``; every error names the file and the dotted parameter."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = parse_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from reasonrl.config import parse_yaml
 from reasonrl.data import DataFormatError
 
 ROUTES = ("base", "sft", "ei", "grpo")
@@ -159,20 +158,10 @@ def pick_example_files(examples_dir: Path) -> list[Path]:
     return [files[i] for i in sorted({0, len(files) // 2, len(files) - 1})]
 
 
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, plus YAML 1.2's exponent floats without a dot or sign (``3e-05``, as ``dvc exp run -S``
-    writes them), which YAML 1.1 reads as strings; ``dvc exp show`` reads them as floats."""
-
-
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
 def read_params(path: Path) -> dict[str, Any]:
     """The raw params file as a mapping (the ablation table compares raw values, as ``dvc exp show`` does)."""
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Yaml12Loader)  # a SafeLoader subclass
+        data = parse_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ReportInputError(f"{path}: missing") from None
     return data if isinstance(data, dict) else {}
@@ -221,8 +210,7 @@ def format_accuracy(summary: Mapping[str, Any]) -> str:
     return f"{percent(summary['accuracy'])} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
-SUMMARY_HEADERS = [
-    "",
+SUMMARY_COLUMNS = [
     "n",
     "accuracy [95% CI]",
     "format rate",
@@ -238,7 +226,7 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]], label: str) -> Tab
         categories = " / ".join(str(s["categories"][c]) for c in CATEGORIES)
         lengths = " / ".join(number(s["response_length"].get(k)) for k in ("all", "correct", "incorrect"))
         rows.append([name, str(s["n"]), format_accuracy(s), percent(s["format_rate"]), categories, lengths])
-    return Table([label, *SUMMARY_HEADERS[1:]], rows)
+    return Table([label, *SUMMARY_COLUMNS], rows)
 
 
 # --------------------------------------------------------------------------------------------------------- figures
@@ -400,6 +388,18 @@ def parse_exp_show(
     ``workspace``, one running in a temporary copy has executor state ``running``. ``final_metrics`` and
     ``grpo_metrics`` are the metric files' paths relative to the repository root, as ``dvc exp show`` keys them.
     """
+
+    def entry(revision_data: Mapping[str, Any], name: str, rev: str, state: str, baseline_params: dict) -> Experiment:
+        return Experiment(
+            name=name,
+            rev=rev,
+            state=state,
+            params=_params(revision_data, params_file),
+            baseline_params=baseline_params,
+            test_accuracy=_metric(revision_data, final_metrics, "grpo", "accuracy"),
+            best_val_accuracy=_metric(revision_data, grpo_metrics, "best_val_accuracy"),
+        )
+
     found = []
     for commit in data:
         if commit.get("rev") == "workspace":
@@ -407,31 +407,13 @@ def parse_exp_show(
         base_data = commit.get("data") or {}
         baseline_params = _params(base_data, params_file)
         rev = str(commit.get("rev", ""))
-        found.append(
-            Experiment(
-                name=commit.get("name") or rev[:7],
-                rev=rev,
-                state="baseline",
-                params=baseline_params,
-                baseline_params=baseline_params,
-                test_accuracy=_metric(base_data, final_metrics, "grpo", "accuracy"),
-                best_val_accuracy=_metric(base_data, grpo_metrics, "best_val_accuracy"),
-            )
-        )
+        found.append(entry(base_data, commit.get("name") or rev[:7], rev, "baseline", baseline_params))
         for experiment in commit.get("experiments") or []:
             for revision in experiment.get("revs") or []:
-                exp_data = revision.get("data") or {}
-                found.append(
-                    Experiment(
-                        name=revision.get("name") or experiment.get("name") or str(revision.get("rev", ""))[:7],
-                        rev=str(revision.get("rev", "")),
-                        state=_state(experiment, revision),
-                        params=_params(exp_data, params_file),
-                        baseline_params=baseline_params,
-                        test_accuracy=_metric(exp_data, final_metrics, "grpo", "accuracy"),
-                        best_val_accuracy=_metric(exp_data, grpo_metrics, "best_val_accuracy"),
-                    )
-                )
+                rev = str(revision.get("rev", ""))
+                name = revision.get("name") or experiment.get("name") or rev[:7]
+                state = _state(experiment, revision)
+                found.append(entry(revision.get("data") or {}, name, rev, state, baseline_params))
     return found
 
 
@@ -553,9 +535,9 @@ def _relative(path: Path, root: Path | None) -> str:
     return path.as_posix()
 
 
-def _run_section(report: Report, params: Mapping[str, Any]) -> None:
-    """What was run: a tiny model on synthetic problems reads very differently from the 1.5B model on GSM8K."""
-    flat = flatten(params)
+def _run_section(report: Report, flat: Mapping[str, Any]) -> None:
+    """What was run (``flat``: the dotted params): a tiny model on synthetic problems reads very differently from
+    the 1.5B model on GSM8K."""
     data = flat.get("data.name", "gsm8k")
     task = "synthetic arithmetic word problems in GSM8K's format" if data == "arithmetic" else "GSM8K"
     report.blocks.append(
@@ -721,14 +703,16 @@ def _examples_section(report: Report, examples_dir: Path) -> None:
             report.blocks.append(Code(str(example.get("response", ""))))
 
 
-def _ablation_section(report: Report, inputs: ReportInputs, final: dict[str, dict[str, Any]]) -> None:
+def _ablation_section(
+    report: Report, inputs: ReportInputs, final: dict[str, dict[str, Any]], params: dict[str, Any]
+) -> None:
     report.blocks.append(Heading(2, "Ablations (DVC experiments)"))
     reports = Path(inputs.reports_dir)
     grpo_metrics_path = reports / "grpo" / "metrics.json"
     grpo_metrics = load_json(grpo_metrics_path) if grpo_metrics_path.is_file() else {}
     current = CurrentRun(
         name=inputs.experiment_name,
-        params=flatten(read_params(inputs.params_path)),
+        params=params,
         test_accuracy=final["grpo"]["accuracy"],
         best_val_accuracy=grpo_metrics.get("best_val_accuracy") if isinstance(grpo_metrics, dict) else None,
     )
@@ -770,14 +754,15 @@ def build_report(inputs: ReportInputs) -> Report:
 
     report = Report()
     report.blocks.append(Heading(1, "reasonrl report: zero-shot, SFT, expert iteration and GRPO"))
-    _run_section(report, read_params(inputs.params_path))
+    params = flatten(read_params(inputs.params_path))
+    _run_section(report, params)
     _test_accuracy_section(report, final, final_path)
     _validation_section(report, live)
     _dynamics_section(report, live)
     _categories_section(report, final)
     _baseline_section(report, reports / "baseline" / "metrics.json")
     _examples_section(report, live["grpo"] / "examples")
-    _ablation_section(report, inputs, final)
+    _ablation_section(report, inputs, final, params)
     return report
 
 

@@ -13,10 +13,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ruamel.yaml import YAML
 
-from reasonrl.config import ConfigError, Params, from_dict
+from reasonrl.config import ConfigError, Params, from_dict, parse_yaml
 
 
 def available() -> list[str]:
@@ -28,7 +27,7 @@ def load_preset(name: str) -> dict[str, Any]:
     """The overrides of preset ``name``."""
     if name not in available():
         raise ConfigError(f"unknown preset {name!r}; available: {available()}")
-    return yaml.safe_load(resources.files(__package__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
+    return parse_yaml(resources.files(__package__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
 
 
 def apply_overrides(tree: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -48,7 +47,7 @@ def apply_overrides(tree: dict[str, Any], overrides: dict[str, Any]) -> None:
 def checked_overrides(name: str, params_path: str | Path) -> dict[str, Any]:
     """The preset's overrides, after checking that params.yaml with them applied is valid."""
     overrides = load_preset(name)
-    tree = yaml.safe_load(Path(params_path).read_text(encoding="utf-8"))
+    tree = parse_yaml(Path(params_path).read_text(encoding="utf-8"))
     apply_overrides(tree, overrides)
     from_dict(Params, tree)
     return overrides
