@@ -149,8 +149,9 @@ def hf_log_probs(policy, tokenizer, prompt: str, response_ids: list[int], device
 def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.rollout import EngineConfig, RolloutEngine
-    from reasonrl.tiny_model import TinyModelSpec, build_tiny_model, train_tokenizer
+    from reasonrl.config import EngineConfig, TinyModelSpec
+    from reasonrl.rollout import RolloutEngine
+    from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
     checks = Checks(layout)
     with tempfile.TemporaryDirectory() as model_dir:

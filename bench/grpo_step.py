@@ -45,15 +45,13 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.config import GRPOConfig
+from reasonrl.config import EngineConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, load_gsm8k, resolve_source
-from reasonrl.evaluation import REWARD_FNS
 from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, optimizer_step, sample_rollouts, score_rollouts
 from reasonrl.models import prepare_base_model
-from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rollout import EngineConfig, RolloutEngine
+from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import load_policy
-from reasonrl.tiny_model import TinyModelSpec
 
 DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 PROMPT = "r1_zero"

@@ -35,7 +35,8 @@ import torch
 from transformers import Qwen2ForCausalLM
 
 from reasonrl import get_response_log_probs, masked_mean
-from reasonrl.tiny_model import TinyModelSpec, tiny_qwen2_config
+from reasonrl.config import TinyModelSpec
+from reasonrl.tiny_model import tiny_qwen2_config
 
 PEERS = ("naive", "lean")
 TARGET_RATIO = 1 / 3

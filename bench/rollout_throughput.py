@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from reasonrl.config import EngineConfig, TinyModelSpec
 from reasonrl.data import load_gsm8k, resolve_source
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rollout import EngineConfig, RolloutEngine
-from reasonrl.tiny_model import TinyModelSpec
+from reasonrl.rollout import RolloutEngine
 
 DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 

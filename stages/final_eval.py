@@ -1,4 +1,5 @@
-"""Stage final_eval: every route's model on the whole test split, r1_zero prompt, identical sampling and seed."""
+"""Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
+(and reward function) it was trained with: ``--prompt NAME=PROMPT``, r1_zero where none is given."""
 
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import evaluate_checkpoints
 from reasonrl.models import validate_model_dir
+from reasonrl.prompts import PROMPT_NAMES
 from reasonrl.rollout import RolloutEngine
 
 
@@ -32,28 +34,44 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
     return models
 
 
+def parse_prompts(specs: list[str], models: dict[str, Path]) -> dict[str, str]:
+    """The prompt of each model: ``name=prompt`` pairs for some of ``models``; r1_zero for the rest."""
+    prompts = dict.fromkeys(models, "r1_zero")
+    for spec in specs:
+        name, sep, prompt = spec.partition("=")
+        if not sep or name not in models:
+            raise ConfigError(f"--prompt {spec!r}: expected NAME=PROMPT with NAME one of {list(models)}")
+        if prompt not in PROMPT_NAMES:
+            raise ConfigError(f"--prompt {spec!r}: unknown prompt {prompt!r}; choose from {list(PROMPT_NAMES)}")
+        prompts[name] = prompt
+    return prompts
+
+
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with test.jsonl")
     parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
+    parser.add_argument("--prompt", action="append", default=[], help="NAME=PROMPT: the prompt NAME trained with")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
     parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
     args = parser.parse_args()
     params = load_params(args.params)
     models = parse_models(args.model)
+    prompts = parse_prompts(args.prompt, models)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
     engine = RolloutEngine(next(iter(models.values())), params.rollout)
-    results = evaluate_checkpoints(engine, models, test, "r1_zero", params.eval, seed=params.rollout.seed)
+    results = evaluate_checkpoints(engine, models, test, prompts, params.eval, seed=params.rollout.seed)
     with atomic_directory(args.generations) as staging:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
     atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
     for name, result in results.items():
         metrics = result.metrics
+        interval = 1.96 * metrics["accuracy_stderr"]
         print(
-            f"{name}: test accuracy {metrics['accuracy']:.3f} ± {1.96 * metrics['accuracy_stderr']:.3f} "
+            f"{name} ({metrics['prompt']} prompt): test accuracy {metrics['accuracy']:.3f} ± {interval:.3f} "
             f"(n={metrics['n']}), format rate {metrics['format_rate']:.3f}"
         )
 

@@ -6,7 +6,7 @@ from reasonrl.atomic import atomic_write_json
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
-from reasonrl.grpo import run_grpo
+from reasonrl.grpo import remove_checkpoints, run_grpo
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import load_policy, save_policy
 
@@ -45,6 +45,7 @@ def main() -> None:
     save_policy(policy, tokenizer, Path(args.out) / "final")
     save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
     atomic_write_json(args.metrics, {"best_val_accuracy": best.accuracy, "best_step": best.step})
+    remove_checkpoints(Path(args.checkpoints))
     print(f"grpo: best validation accuracy {best.accuracy:.3f} at step {best.step}")
 
 

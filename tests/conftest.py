@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.tiny_model import TinyModelSpec, build_tiny_model, train_tokenizer
+from reasonrl.config import TinyModelSpec
+from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 TOKENIZER_TEXTS = [
     "Natalia sold 48/2 = 24 clips in May. Natalia sold 48+24 = 72 clips altogether in April and May.",

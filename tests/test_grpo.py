@@ -23,6 +23,7 @@ def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBat
         raw_rewards=torch.tensor(raw_rewards),
         advantages=torch.tensor(advantages),
         reward_metadata={},
+        response_lengths=[len(ids) for ids in response_ids],
     )
 
 

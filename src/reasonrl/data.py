@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reasonrl.atomic import atomic_directory
+from reasonrl.errors import UserError
 
 ANSWER_DELIMITER = "####"
 SPLITS = ("train", "test")
@@ -25,7 +26,7 @@ MIRROR_ENV_VAR = "GSM8K_MIRROR"
 _THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UserError, ValueError):
     """A malformed data record; the message names the file and line."""
 
 
@@ -37,6 +38,11 @@ class GSM8KExample:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+def examples_digest(examples: list[GSM8KExample]) -> str:
+    """SHA-256 of a list of examples, in order."""
+    return hashlib.sha256(json.dumps([e.to_dict() for e in examples], ensure_ascii=False).encode()).hexdigest()
 
 
 def strip_thousands_separators(text: str) -> str:

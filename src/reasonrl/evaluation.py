@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
     from reasonrl.rollout import RolloutEngine
-
-REWARD_FNS: dict[str, Callable[[str, str], dict[str, float]]] = {
-    "r1_zero": r1_zero_reward_fn,
-    "question_only": question_only_reward_fn,
-}
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,7 @@ def evaluate(
                     "response": sample.text,
                     "ground_truth": example.answer,
                     **reward_fn(sample.text, example.answer),
-                    "length": len(sample.token_ids),
+                    "length": sample.length,
                 }
             )
     return EvalResult(metrics=summarize(records), records=records)
@@ -104,15 +98,16 @@ def evaluate_checkpoints(
     engine: RolloutEngine,
     model_dirs: Mapping[str, str | Path],
     examples: list[GSM8KExample],
-    prompt_name: str,
+    prompt_names: Mapping[str, str],
     config: EvalConfig,
     seed: int,
 ) -> dict[str, EvalResult]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
-    ``examples``, one after another in the same engine, with identical sampling settings and seed."""
+    ``examples`` with the prompt (and its reward function) it was trained with, ``prompt_names[name]``; one after
+    another in the same engine, with identical sampling settings and seed. Each summary records its ``prompt``."""
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.sft import policy_dtype
+    from reasonrl.models import policy_dtype
 
     device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
     full = dataclasses.replace(config, num_examples=None)
@@ -121,5 +116,6 @@ def evaluate_checkpoints(
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device)).to(device)
         engine.sync_weights(model)
         del model
-        results[name] = evaluate(engine, examples, prompt_name, full, seed=seed)
+        result = evaluate(engine, examples, prompt_names[name], full, seed=seed)
+        results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
     return results

@@ -63,7 +63,7 @@ def run_expert_iteration(
             stop=eval_config.stop,
         )
         kept, solved = correct_pairs(questions, prompts, samples)
-        lengths = [len(sample.token_ids) for group in samples for sample in group]
+        lengths = [sample.length for group in samples for sample in group]
         live.log_metric("rollout/questions_with_correct", solved)
         live.log_metric("rollout/kept_pairs", len(kept))
         live.log_metric("rollout/response_length", sum(lengths) / len(lengths))

@@ -22,10 +22,13 @@ import torch
 from tqdm import tqdm
 
 from reasonrl.atomic import atomic_directory
-from reasonrl.evaluation import REWARD_FNS
+from reasonrl.data import examples_digest
+from reasonrl.errors import UserError
 from reasonrl.logprobs import get_response_log_probs
+from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.models import model_digest
+from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
 
@@ -33,23 +36,23 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import EvalConfig, GRPOConfig
+    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
     from reasonrl.data import GSM8KExample
-    from reasonrl.rollout import RolloutEngine, Sample
+from reasonrl.rollout import RolloutEngine, Sample
 
 CHECKPOINT_PREFIX = "step-"
 EXAMPLES_PER_EVAL = 4
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
     """Training produced NaN/Inf too many optimizer steps in a row; the message names the step and quantity."""
 
 
 class NonFiniteGuard:
     """Skips optimizer steps whose advantages, loss or gradients are not finite; stops after too many in a row."""
 
-    def __init__(self, limit: int, skipped: int = 0) -> None:
-        self.limit, self.skipped, self.consecutive = limit, skipped, 0
+    def __init__(self, limit: int, skipped: int = 0, consecutive: int = 0) -> None:
+        self.limit, self.skipped, self.consecutive = limit, skipped, consecutive
 
     def allows(self, step: int, quantities: dict[str, torch.Tensor | float]) -> bool:
         bad = [name for name, value in quantities.items() if not torch.isfinite(torch.as_tensor(value)).all()]
@@ -82,10 +85,8 @@ class RolloutBatch:
     raw_rewards: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N]
     reward_metadata: dict[str, float]
-
-    @property
-    def lengths(self) -> list[int]:
-        return self.response_mask.sum(dim=-1).tolist()
+    response_lengths: list[int]
+    """Generated tokens per response, a final EOS not counted (``response_mask`` does count it: it is trained on)."""
 
 
 def sample_rollouts(
@@ -121,7 +122,8 @@ def score_rollouts(
     advantages, raw_rewards, reward_metadata = compute_group_normalized_rewards(
         REWARD_FNS[config.prompt], responses, ground_truths, group, config.advantage_eps, config.use_std_normalization
     )
-    prompt_ids = [ids for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"] for _ in range(group)]
+    # The ids the engine conditioned on, not a re-tokenization (which could drop or add a BOS token).
+    prompt_ids = [sample.prompt_token_ids for sample in samples]
     tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
     engine_log_probs = None
     if config.old_log_probs_from == "engine":
@@ -138,11 +140,12 @@ def score_rollouts(
         raw_rewards=raw_rewards,
         advantages=advantages,
         reward_metadata=reward_metadata,
+        response_lengths=[sample.length for sample in samples],
     )
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
-    lengths = batch.lengths
+    lengths = batch.response_lengths
     correct = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r == 1.0]
     incorrect = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r != 1.0]
     metrics = {
@@ -238,15 +241,25 @@ def optimizer_step(
     return {"train/grad_norm": grad_norm.item(), "train/skipped_steps": guard.skipped}
 
 
-def needs_old_log_probs(config: GRPOConfig) -> bool:
-    """Ratio losses need π_old; the others are on the current policy's own samples."""
-    return config.loss_type in ("grpo_clip", "grpo_no_clip")
-
-
 # ---------------------------------------------------------------------------------------------------------- checkpoints
-def fingerprint(config: GRPOConfig, eval_config: EvalConfig, init_model_dir: str | Path) -> str:
-    """Identifies what a checkpoint belongs to: a checkpoint of other params is not resumed."""
-    identity = {"grpo": asdict(config), "eval": asdict(eval_config), "init": str(Path(init_model_dir).resolve())}
+def fingerprint(
+    config: GRPOConfig,
+    eval_config: EvalConfig,
+    engine_config: EngineConfig,
+    init_model_dir: str | Path,
+    train: list[GSM8KExample],
+    val: list[GSM8KExample],
+) -> str:
+    """Identifies the inputs a checkpoint was made from: the params, the init model's files by content (weights and
+    tokenizer: an upstream stage may rewrite the same directory) and the data. Other inputs → not resumed."""
+    identity = {
+        "grpo": asdict(config),
+        "eval": asdict(eval_config),
+        "rollout": asdict(engine_config),
+        "init_model": model_digest(init_model_dir),
+        "train": examples_digest(train),
+        "val": examples_digest(val),
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -254,6 +267,13 @@ def find_last_checkpoint(directory: Path) -> Path | None:
     """The newest complete checkpoint (complete ones are renamed into place whole)."""
     candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
     return candidates[-1] if candidates else None
+
+
+def remove_checkpoints(directory: Path) -> None:
+    """Delete the resumable checkpoints of a completed run (once its outputs are saved): a later run with the same
+    inputs then starts afresh instead of resuming a finished one. The directory itself stays (a DVC output)."""
+    for checkpoint in directory.glob(f"{CHECKPOINT_PREFIX}*"):
+        shutil.rmtree(checkpoint)
 
 
 @dataclass
@@ -264,6 +284,7 @@ class TrainingState:
     optimizer_steps: int = 0
     elapsed_seconds: float = 0.0
     skipped_steps: int = 0
+    consecutive_nonfinite: int = 0
     best_accuracy: float = -1.0
     best_step: int | None = None
 
@@ -328,20 +349,22 @@ def run_grpo(
     checkpoint_dir: Path,
     init_model_dir: str | Path,
 ) -> BestCheckpoint:
-    """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made with the same params."""
+    """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made from the same inputs (see
+    :func:`fingerprint`). The checkpoints stay after a completed run: call :func:`remove_checkpoints` once the
+    returned best and the final policy are saved."""
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=config.learning_rate, betas=tuple(config.betas), weight_decay=config.weight_decay
     )
     best, state = BestCheckpoint(), TrainingState()
-    run_fingerprint = fingerprint(config, eval_config, init_model_dir)
+    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val)
     last = find_last_checkpoint(checkpoint_dir)
     if last is not None and checkpoint_fingerprint(last) == run_fingerprint:
         state = load_checkpoint(last, policy, optimizer, best, live_dir)
         tqdm.write(f"GRPO: resuming from {last} (step {state.step})")
     elif last is not None:
-        tqdm.write(f"GRPO: {last} was made with other params; starting afresh")
+        tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
         shutil.rmtree(checkpoint_dir)
-    guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps)
+    guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     engine.sync_weights(policy)
 
     with open_live(state.step > 0) as live:
@@ -384,7 +407,7 @@ def run_grpo(
 
             # Old log-probs, once per rollout batch, never differentiated.
             old_log_probs = None
-            if needs_old_log_probs(config):
+            if LOSS_TYPES[config.loss_type].needs_old_log_probs:
                 old_log_probs = (
                     batch.engine_log_probs
                     if config.old_log_probs_from == "engine"
@@ -410,7 +433,7 @@ def run_grpo(
             # Sync: the engine samples the next step from the updated policy.
             engine.sync_weights(policy)
             synced = time.perf_counter()
-            state.step, state.skipped_steps = step + 1, guard.skipped
+            state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
             state.elapsed_seconds += synced - started
             timings = {
                 "time/rollout_seconds": rolled - started,

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
-LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"]
-LOSS_TYPES: tuple[str, ...] = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip")
-LengthNormalization = Literal["masked_mean", "masked_normalize"]
-LENGTH_NORMALIZATIONS: tuple[str, ...] = ("masked_mean", "masked_normalize")
+from reasonrl.loss_types import LENGTH_NORMALIZATIONS, LOSS_TYPES
 
 
 # ---------------------------------------------------------------------------------------------------- reductions
@@ -138,59 +134,51 @@ def compute_grpo_no_clip_loss(
     return -torch.exp(policy_log_probs - old_log_probs) * advantages
 
 
-_REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
-    "no_baseline": ("raw_rewards",),
-    "reinforce_with_baseline": ("advantages",),
-    "grpo_clip": ("advantages", "old_log_probs", "cliprange"),
-    "grpo_no_clip": ("advantages", "old_log_probs"),
-}
-
-
 def compute_policy_gradient_loss(
     policy_log_probs: torch.Tensor,
-    loss_type: LossType,
+    loss_type: str,
     raw_rewards: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dispatch to the per-token loss of ``loss_type``; returns ``(loss [B, T], metadata)``.
+    """The per-token loss of ``loss_type`` (see ``reasonrl.loss_types``); returns ``(loss [B, T], metadata)``.
 
     - ``no_baseline``: REINFORCE on the raw reward.
     - ``reinforce_with_baseline``: REINFORCE on group-normalised advantages.
     - ``grpo_clip``: clipped importance ratio (off-policy safe).
     - ``grpo_no_clip``: unclipped importance ratio.
     """
-    if loss_type not in _REQUIRED_INPUTS:
+    if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
+    spec = LOSS_TYPES[loss_type]
     given = {
         "raw_rewards": raw_rewards,
         "advantages": advantages,
         "old_log_probs": old_log_probs,
         "cliprange": cliprange,
     }
-    missing = [name for name in _REQUIRED_INPUTS[loss_type] if given[name] is None]
+    missing = [name for name in spec.inputs if given[name] is None]
     if missing:
         raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
-    if loss_type == "no_baseline":
-        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
-    if loss_type == "reinforce_with_baseline":
-        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
-    if loss_type == "grpo_clip":
-        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange)
-    return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs), {}
+    weight = given[spec.weight]  # [B, 1]
+    if spec.ratio == "none":
+        return compute_naive_policy_gradient_loss(weight, policy_log_probs), {}
+    if spec.ratio == "clipped":
+        return compute_grpo_clip_loss(weight, policy_log_probs, old_log_probs, cliprange)
+    return compute_grpo_no_clip_loss(weight, policy_log_probs, old_log_probs), {}
 
 
 def grpo_microbatch_train_step(
     policy_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     gradient_accumulation_steps: int,
-    loss_type: LossType,
+    loss_type: str,
     raw_rewards: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
-    length_normalization: LengthNormalization = "masked_mean",
+    length_normalization: str = "masked_mean",
     normalize_constant: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss of one microbatch, reduced per sequence then over the batch; calls ``backward()``.

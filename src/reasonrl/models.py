@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
+import torch
+
 from reasonrl.atomic import atomic_directory
+from reasonrl.config import TinyModelSpec
 from reasonrl.data import GSM8KExample
+from reasonrl.errors import UserError
 from reasonrl.prompts import PROMPT_NAMES, load_prompt
-from reasonrl.tiny_model import TinyModelSpec, build_tiny_model, train_tokenizer
+from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 TINY = "tiny"
 REQUIRED_FILES = ("config.json",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(UserError, ValueError):
     """``model.name`` does not lead to a usable model; the message says how to supply one."""
 
 
@@ -28,6 +33,22 @@ def validate_model_dir(path: Path) -> None:
         missing.append("tokenizer.json (tokenizer)")
     if missing:
         raise ModelSourceError(f"{path}: not a Hugging Face model directory, missing {', '.join(missing)}")
+
+
+def policy_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU (the handout's setting), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def model_digest(path: str | Path) -> str:
+    """SHA-256 over a model directory's files (names and contents: weights, config, tokenizer), in name order."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def tokenizer_corpus(examples: list[GSM8KExample]) -> list[str]:

