@@ -13,8 +13,7 @@ from reasonrl.sft import load_policy, save_policy
 
 def main() -> None:
     parser = stage_parser(__doc__)
-    parser.add_argument("--base", required=True, help="base model directory")
-    parser.add_argument("--sft", required=True, help="SFT model directory (used when ei.init_model is sft)")
+    parser.add_argument("--init", required=True, help="the model the rounds start from (models/${ei.init_model})")
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output model directory (best round)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
@@ -22,7 +21,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     config = params.ei
-    start = args.base if config.init_model == "base" else args.sft
+    start = args.init
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 

@@ -13,8 +13,7 @@ from reasonrl.sft import load_policy, save_policy
 
 def main() -> None:
     parser = stage_parser(__doc__)
-    for name in ("base", "sft", "ei"):
-        parser.add_argument(f"--{name}", required=True, help=f"{name} model directory (grpo.init_model: {name})")
+    parser.add_argument("--init", required=True, help="the model GRPO starts from (models/${grpo.init_model})")
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output directory: best/ and final/ models")
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
@@ -23,7 +22,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     config = params.grpo
-    start = vars(args)[config.init_model]
+    start = args.init
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.config import TinyModelSpec
+from reasonrl.config import DataConfig, TinyModelSpec
+from reasonrl.data import MIRROR_ENV_VAR, SPLITS, DataFormatError, fetch, verify_sha256
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 TOKENIZER_TEXTS = [
@@ -28,12 +29,27 @@ def tiny_model(tiny_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def gsm8k_mirror():
-    """The GSM8K mirror CI provides beside the checkout (GSM8K_MIRROR overrides)."""
-    path = Path(os.environ.get("GSM8K_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"))
-    if not (path / "train.jsonl").is_file():
-        pytest.skip(f"GSM8K mirror not found at {path}: set GSM8K_MIRROR to a directory with train/test.jsonl")
-    return path
+def gsm8k_mirror(request):
+    """A directory with GSM8K's train.jsonl and test.jsonl: ``$GSM8K_MIRROR`` if set (CI points it at a local copy),
+    else the official files downloaded once into pytest's cache, checksum-verified; offline, the test is skipped."""
+    if MIRROR_ENV_VAR in os.environ:
+        path = Path(os.environ[MIRROR_ENV_VAR])
+        if not (path / "train.jsonl").is_file():
+            pytest.fail(f"${MIRROR_ENV_VAR}={path} has no train.jsonl")
+        return path
+    cache = request.config.cache.mkdir("gsm8k")
+    if not all((cache / f"{split}.jsonl").is_file() for split in SPLITS):
+        defaults = DataConfig()
+        for split in SPLITS:
+            try:
+                content, location = fetch(defaults.url, split)
+            except DataFormatError as error:
+                pytest.skip(f"GSM8K not reachable ({error}); set ${MIRROR_ENV_VAR} to a directory with its files")
+            verify_sha256(content, defaults.sha256[split], location, f"data.sha256.{split}")
+            partial = cache / f"{split}.jsonl.part"
+            partial.write_bytes(content)
+            partial.replace(cache / f"{split}.jsonl")  # whole files only: a killed download leaves a .part
+    return cache
 
 
 @pytest.fixture(scope="session")

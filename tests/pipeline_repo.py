@@ -12,6 +12,35 @@ from reasonrl.presets import apply_to_file, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The CPU preset, smaller still: every stage runs for real, in seconds.
+TINY_PIPELINE_OVERRIDES = {
+    "data.arithmetic.train_size": 400,
+    "data.arithmetic.test_size": 24,
+    "data.val_size": 16,
+    "eval.max_tokens": 32,
+    "sft.max_steps": 4,
+    "sft.eval_every": 2,
+    "sft.eval_examples": 8,
+    "sft.batch_size": 8,
+    "sft.microbatch_size": 8,
+    "ei.n_steps": 1,
+    "ei.questions_per_step": 8,
+    "ei.num_rollouts": 2,
+    "ei.max_tokens": 32,
+    "ei.eval_examples": 8,
+    "ei.batch_size": 8,
+    "ei.microbatch_size": 8,
+    "grpo.n_grpo_steps": 2,
+    "grpo.rollout_batch_size": 16,
+    "grpo.group_size": 4,
+    "grpo.train_batch_size": 16,
+    "grpo.gradient_accumulation_steps": 2,
+    "grpo.max_tokens": 32,
+    "grpo.eval_every": 1,
+    "grpo.eval_examples": 8,
+    "grpo.checkpoint_every": 1,
+}
+
 
 def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)

@@ -4,44 +4,16 @@ task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and 
 import json
 
 import pytest
-from pipeline_repo import make_pipeline_repo, run
+from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
 
 pytestmark = pytest.mark.slow
 
-# The CPU preset, smaller still: every stage runs for real, in seconds.
-E2E_OVERRIDES = {
-    "data.arithmetic.train_size": 400,
-    "data.arithmetic.test_size": 24,
-    "data.val_size": 16,
-    "eval.max_tokens": 32,
-    "sft.max_steps": 4,
-    "sft.eval_every": 2,
-    "sft.eval_examples": 8,
-    "sft.batch_size": 8,
-    "sft.microbatch_size": 8,
-    "ei.n_steps": 1,
-    "ei.questions_per_step": 8,
-    "ei.num_rollouts": 2,
-    "ei.max_tokens": 32,
-    "ei.eval_examples": 8,
-    "ei.batch_size": 8,
-    "ei.microbatch_size": 8,
-    "grpo.n_grpo_steps": 2,
-    "grpo.rollout_batch_size": 16,
-    "grpo.group_size": 4,
-    "grpo.train_batch_size": 16,
-    "grpo.gradient_accumulation_steps": 2,
-    "grpo.max_tokens": 32,
-    "grpo.eval_every": 1,
-    "grpo.eval_examples": 8,
-    "grpo.checkpoint_every": 1,
-}
 ROUTES = ("base", "sft", "ei", "grpo")
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    return make_pipeline_repo(tmp_path_factory.mktemp("ablation"), E2E_OVERRIDES)
+    return make_pipeline_repo(tmp_path_factory.mktemp("ablation"), TINY_PIPELINE_OVERRIDES)
 
 
 def experiment_names(clone, env) -> set[str]:
@@ -81,3 +53,46 @@ def test_two_experiments_then_metrics_diff_and_ablation_table(repo):
     table = report[report.index("## Ablations") :]
     assert "reference" in table and "no-baseline" in table and "no_baseline" in table
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
+
+
+def test_a_prompt_edit_makes_every_stage_that_samples_with_it_stale(repo):
+    """The prompt templates are package data every sampling stage reads: editing one must show up in `dvc status`."""
+    clone, env = repo
+    run(["dvc", "repro"], clone, env)
+    assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
+    prompt = clone / "src/reasonrl/prompts/r1_zero.prompt"
+    original = prompt.read_text()
+    try:
+        prompt.write_text(original.replace("Assistant", "Assistant (briefly)", 1))
+        stale = set(json.loads(run(["dvc", "status", "--json"], clone, env)))
+    finally:
+        prompt.write_text(original)
+    assert stale >= {"baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"}, stale
+
+
+def test_a_stage_depends_on_the_model_it_starts_from_only(repo):
+    """With ``grpo.init_model: base`` an SFT change leaves GRPO cached; switching to ``sft`` reruns it."""
+    clone, env = repo
+    from_base = ["-S", "grpo.init_model=base", "-S", "ei.init_model=base"]
+    run(["dvc", "exp", "run", "--name", "from-base", *from_base], clone, env)
+    output = run(["dvc", "exp", "run", "--name", "sft-lr", *from_base, "-S", "sft.learning_rate=1e-3"], clone, env)
+    assert "Running stage 'sft'" in output
+    assert "Stage 'grpo' didn't change, skipping" in output and "Running stage 'grpo'" not in output
+    assert "Stage 'expert_iteration' didn't change, skipping" in output
+    output = run(["dvc", "exp", "run", "--name", "grpo-from-sft", "-S", "grpo.init_model=sft"], clone, env)
+    assert "Running stage 'grpo'" in output
+
+
+def test_the_prompt_ablation_grades_grpo_with_its_own_prompt(repo):
+    clone, env = repo
+    run(["dvc", "exp", "run", "--name", "question-only", "-S", "grpo.prompt=question_only"], clone, env)
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    assert {route: summary["prompt"] for route, summary in final.items()} == {
+        "base": "r1_zero",
+        "sft": "r1_zero",
+        "ei": "r1_zero",
+        "grpo": "question_only",
+    }
+    records = [json.loads(line) for line in (clone / "reports/final/generations/grpo.jsonl").open()]
+    assert "<think>" not in records[0]["prompt"]  # the bare question, as GRPO trained on it
+    assert "grpo `question_only`" in (clone / "reports/report.md").read_text()

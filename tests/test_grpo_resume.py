@@ -1,5 +1,8 @@
-"""GRPO stage resume: kill -9 mid-run, rerun, and end with exactly the weights of an uninterrupted run."""
+"""GRPO resume: kill -9 mid-run, rerun, and end with exactly the weights of an uninterrupted run; a completed run
+leaves nothing to resume; a checkpoint made from other inputs (model, params, data) is never resumed."""
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -9,10 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
+from reasonrl.cli import open_live
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
+from reasonrl.data import parse_lines
+from reasonrl.grpo import run_grpo
 from reasonrl.presets import apply_to_file, load_preset
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
+from reasonrl.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +60,7 @@ def stage_inputs(tmp_path_factory, tiny_model_dir, full_scale_params):
 def stage_command(params: Path, data: Path, model: Path, out: Path) -> list[str]:
     return [
         sys.executable, str(REPO / "stages/grpo.py"), "--params", str(params),
-        "--base", str(model), "--sft", str(model), "--ei", str(model), "--data", str(data),
+        "--init", str(model), "--data", str(data),
         "--out", str(out / "grpo"), "--checkpoints", str(out / "checkpoints"),
         "--metrics", str(out / "metrics.json"), "--live", str(out / "live"),
     ]  # fmt: skip
@@ -89,14 +100,56 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     assert [row.split("\t")[0] for row in rows] == [str(step) for step in range(1, 6 * 2 * 2 + 1)]
 
 
-def test_checkpoint_of_other_params_is_not_resumed(stage_inputs):
+def test_a_completed_stage_leaves_no_checkpoint_to_resume(stage_inputs):
     root, params, data, model = stage_inputs
-    out = root / "changed"
+    out = root / "completed"
     subprocess.run(stage_command(params, data, model, out), check=True, capture_output=True)
-    changed = root / "changed_params.yaml"
-    changed.write_text(params.read_text())
-    apply_to_file({"grpo.learning_rate": 5e-5, "grpo.n_grpo_steps": 4}, changed)
-    (out / "checkpoints" / "step-000004").exists() or pytest.fail("expected a checkpoint from the first run")
-    rerun = subprocess.run(stage_command(changed, data, model, out), capture_output=True, text=True)
+    assert (out / "checkpoints").is_dir() and not list((out / "checkpoints").iterdir())
+    rerun = subprocess.run(stage_command(params, data, model, out), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "was made with other params; starting afresh" in rerun.stdout + rerun.stderr
+    assert "resuming" not in rerun.stdout + rerun.stderr
+
+
+def run_library_grpo(model_dir: Path, train, work: Path, learning_rate: float = 1e-4, n_grpo_steps: int = 3) -> str:
+    """``run_grpo`` as the stage calls it, minus the clean-up: a checkpoint at step 2 stays. Returns its log."""
+    policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
+    engine = RolloutEngine(model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024))
+    config = GRPOConfig(
+        n_grpo_steps=n_grpo_steps, learning_rate=learning_rate, rollout_batch_size=8, group_size=4,
+        train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12, eval_every=100, eval_examples=2,
+        checkpoint_every=2,
+    )  # fmt: skip
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        run_grpo(
+            policy, tokenizer, engine, train, train[:2], config, EvalConfig(max_tokens=12),
+            open_live=lambda resume: open_live(str(work / "live"), resume=resume), live_dir=work / "live",
+            checkpoint_dir=work / "checkpoints", init_model_dir=model_dir,
+        )  # fmt: skip
+    return log.getvalue()
+
+
+@pytest.mark.parametrize("change", ["init model", "params", "data"])
+def test_a_checkpoint_made_from_other_inputs_is_not_resumed(tmp_path, tiny_tokenizer, change):
+    """Model A trains and leaves a checkpoint; then one input changes in place (model B written into the same
+    directory, another learning rate, other data) and the next run must start afresh from the new inputs."""
+    train = parse_lines(arithmetic_lines(16, 0, 1, 9), "train")
+    model_dir = tmp_path / "model"
+    build_tiny_model(tiny_tokenizer, TinyModelSpec(), seed=0).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    run_library_grpo(model_dir, train, tmp_path / "run")
+    assert (tmp_path / "run/checkpoints/step-000002").is_dir()
+
+    kwargs = {}
+    if change == "init model":
+        build_tiny_model(tiny_tokenizer, TinyModelSpec(), seed=1).save_pretrained(model_dir)
+    elif change == "params":
+        kwargs["learning_rate"] = 2e-4
+    else:
+        train = parse_lines(arithmetic_lines(16, 5, 1, 9), "train")
+    log = run_library_grpo(model_dir, train, tmp_path / "run", **kwargs)
+    assert "was made from other inputs (params, init model or data); starting afresh" in log
+    assert "resuming" not in log
+
+    # the same inputs again do resume the checkpoint the second run left
+    assert "resuming from" in run_library_grpo(model_dir, train, tmp_path / "run", **kwargs)

@@ -1,14 +1,18 @@
-"""The Snakefile declares the same graph as dvc.yaml: its DAG, built through Snakemake's API (dry run), is compared
-stage by stage with dvc.yaml; the comparison is shown to catch a divergence; `snakemake --lint` is clean."""
+"""One declaration, two runners: the Snakefile's rules are dvc.yaml's stages as DVC itself resolves them (commands,
+inputs, outputs, params, templated init models); `snakemake --lint` is clean; a real `snakemake --cores 2` runs
+the tiny pipeline end to end and then has nothing left to do."""
 
-import dataclasses
+import json
+import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from dvc.dependency.param import ParamsDependency
+from dvc.repo import Repo
+from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
 from snakemake.api import SnakemakeApi
 from snakemake.exceptions import WorkflowError
 from snakemake.io import is_flagged
@@ -21,53 +25,32 @@ from snakemake.settings.types import (
     ResourceSettings,
 )
 
+from reasonrl.config import LAYOUT_GPUS
+from reasonrl.pipeline import PipelineError, read_pipeline
+from reasonrl.presets import apply_to_file
+
 REPO = Path(__file__).resolve().parents[1]
-SNAKEFILE = REPO / "Snakefile"
 MODEL_STAGES = {"baseline", "sft", "expert_iteration", "grpo", "final_eval"}
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One stage as either tool declares it, reduced to what both must agree on."""
-
-    cmd: str  # whitespace-normalised command line
-    deps: frozenset[str]
-    outs: frozenset[str]
-    directories: frozenset[str]  # outs that are folders
-    params: frozenset[str]  # params.yaml sections the stage reruns on
-    kept: frozenset[str]  # paths the stage keeps across failed runs (resumable state), never outputs
-
-
-def normalise(cmd: str) -> str:
-    return " ".join(cmd.split())
+def workflow_copy(tmp_path: Path, overrides: dict | None = None) -> Path:
+    """The Snakefile, dvc.yaml and params.yaml (with ``overrides``) in a directory of their own, beside links to the
+    code the stages depend on."""
+    for name in ("Snakefile", "dvc.yaml", "params.yaml"):
+        shutil.copy2(REPO / name, tmp_path / name)
+    for name in ("src", "stages", "profiles"):
+        (tmp_path / name).symlink_to(REPO / name)
+    apply_to_file(overrides or {}, tmp_path / "params.yaml")
+    return tmp_path
 
 
-def dvc_stages(dvc: dict) -> dict[str, Stage]:
-    stages = {}
-    for name, stage in dvc["stages"].items():
-        outs, kept = set(), set()
-        for out in stage.get("outs", []) + stage.get("metrics", []) + stage.get("plots", []):
-            path, options = next(iter(out.items())) if isinstance(out, dict) else (out, {})
-            (kept if options.get("persist") else outs).add(path)
-        stages[name] = Stage(
-            cmd=normalise(stage["cmd"]),
-            deps=frozenset(stage.get("deps", [])),
-            outs=frozenset(outs),
-            # dvc.yaml does not say which outs are folders; every file out of this pipeline has an extension.
-            directories=frozenset(path for path in outs if not Path(path).suffix),
-            params=frozenset(stage.get("params", [])),
-            kept=frozenset(kept),
-        )
-    return stages
-
-
-def snakemake_jobs(snakefile: Path, workdir: Path = REPO, config: dict | None = None) -> dict:
+def snakemake_jobs(workdir: Path = REPO, config: dict | None = None) -> dict:
     """The jobs of a dry run of target `all` from scratch, by rule name."""
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=1),
             config_settings=ConfigSettings(config=config or {}),
-            snakefile=snakefile,
+            snakefile=workdir / "Snakefile",
             workdir=workdir,
         )
         dag = workflow.dag(DAGSettings(targets={"all"}, forceall=True))
@@ -77,111 +60,112 @@ def snakemake_jobs(snakefile: Path, workdir: Path = REPO, config: dict | None = 
         return {job.rule.name: job for job in workflow._workflow.dag.jobs}
 
 
-def snakemake_stages(jobs: dict, sections: set[str]) -> dict[str, Stage]:
-    stages = {}
-    for name, job in jobs.items():
-        if name == "all":
-            continue
-        cmd = normalise(job.shellcmd or "")
-        # Rules send their output to their log; dvc.yaml leaves it on the terminal.
-        for log in job.log:
-            cmd = cmd.removesuffix(f" > {log} 2>&1")
-        params = dict(job.params.items())
-        stages[name] = Stage(
-            cmd=cmd,
-            deps=frozenset(map(str, job.input)),
-            outs=frozenset(map(str, job.output)),
-            directories=frozenset(str(out) for out in job.output if is_flagged(out, "directory")),
-            params=frozenset(key for key in params if key in sections),
-            kept=frozenset(value for key, value in params.items() if key not in sections and isinstance(value, str)),
-        )
-    return stages
+def dvc_resolved(workdir: Path) -> dict[str, dict]:
+    """Each stage as DVC itself resolves dvc.yaml (templating included): command, file deps, outs, params."""
+    with Repo(str(workdir), uninitialized=True) as repo:
+        return {
+            stage.name: {
+                "cmd": " ".join(stage.cmd.split()),
+                "deps": {d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)},
+                "outs": {o.def_path for o in stage.outs if not o.persist},
+                "params": {key for d in stage.deps if isinstance(d, ParamsDependency) for key in d.params},
+            }
+            for stage in repo.index.stages
+        }
 
 
-def divergences(dvc: dict[str, Stage], snake: dict[str, Stage]) -> list[str]:
-    """Every difference between the two declarations, one readable line each (empty when they agree)."""
-    found = [f"stage {name} only in dvc.yaml" for name in sorted(dvc.keys() - snake.keys())]
-    found += [f"rule {name} only in the Snakefile" for name in sorted(snake.keys() - dvc.keys())]
-    for name in sorted(dvc.keys() & snake.keys()):
-        for field in dataclasses.fields(Stage):
-            ours, theirs = getattr(dvc[name], field.name), getattr(snake[name], field.name)
-            if ours == theirs:
-                continue
-            if isinstance(ours, str):
-                found.append(f"{name}.{field.name}: dvc.yaml {ours!r} != Snakefile {theirs!r}")
-            else:
-                found.append(
-                    f"{name}.{field.name}: only in dvc.yaml {sorted(ours - theirs)}, "
-                    f"only in the Snakefile {sorted(theirs - ours)}"
-                )
-    return found
+def rule_view(job) -> dict:
+    cmd = " ".join((job.shellcmd or "").split())
+    for log in job.log:  # rules send their output to their log; dvc.yaml leaves it on the terminal
+        cmd = cmd.removesuffix(f" > {log} 2>&1")
+    return {
+        "cmd": cmd,
+        "deps": set(map(str, job.input)),
+        "outs": set(map(str, job.output)),
+        "params": set(job.params.keys()) - {"kept"},
+    }
 
 
-@pytest.fixture(scope="module")
-def params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"grpo.init_model": "sft", "ei.init_model": "sft", "grpo.prompt": "question_only"}],
+    ids=["committed params", "templated choices changed"],
+)
+def test_snakemake_runs_the_stages_dvc_resolves(tmp_path, overrides):
+    workdir = workflow_copy(tmp_path, overrides)
+    dvc = dvc_resolved(workdir)
+    jobs = snakemake_jobs(workdir)
+    ours = read_pipeline(workdir / "dvc.yaml", yaml.safe_load((workdir / "params.yaml").read_text()))
+    assert set(jobs) - {"all"} == set(dvc)
+    for name, stage in dvc.items():
+        # Snakemake params are keyword names (dots → underscores); a whole-file dep is one DVC lists without keys.
+        whole_file = {"params_yaml"} if "params.yaml" in ours[name].params else set()
+        expected_params = {key.replace(".", "_") for key in stage["params"]} | whole_file
+        assert rule_view(jobs[name]) == {**stage, "params": expected_params}, name
+    init = overrides.get("grpo.init_model", "base")
+    assert f"models/{init}" in dvc["grpo"]["deps"] and f"--init models/{init}" in dvc["grpo"]["cmd"]
+    other = {"models/base", "models/sft", "models/ei"} - {f"models/{init}"}
+    assert not other & dvc["grpo"]["deps"], "grpo must depend on its init model only"
+    assert f"--prompt grpo={overrides.get('grpo.prompt', 'r1_zero')}" in dvc["final_eval"]["cmd"]
 
 
-@pytest.fixture(scope="module")
-def dvc() -> dict[str, Stage]:
-    return dvc_stages(yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8")))
+def test_directories_are_directory_outputs(tmp_path):
+    jobs = snakemake_jobs(workflow_copy(tmp_path))
+    directories = {str(out) for job in jobs.values() for out in job.output if is_flagged(out, "directory")}
+    assert {"data/gsm8k", "models/base", "models/grpo", "reports/grpo/live", "reports/figures"} <= directories
+    assert not {out for out in directories if Path(out).suffix}
 
 
-@pytest.fixture(scope="module")
-def jobs() -> dict:
-    return snakemake_jobs(SNAKEFILE)
+def test_all_targets_the_report(tmp_path):
+    jobs = snakemake_jobs(workflow_copy(tmp_path))
+    assert set(map(str, jobs["all"].input)) == {"reports/report.md", "reports/report.html", "reports/figures"}
 
 
-def test_snakefile_declares_the_dvc_graph(dvc, jobs, params):
-    found = divergences(dvc, snakemake_stages(jobs, set(params)))
-    assert not found, "dvc.yaml and the Snakefile diverge:\n" + "\n".join(found)
+@pytest.mark.parametrize("layout", list(LAYOUT_GPUS))
+def test_model_stages_request_gpus_from_the_rollout_layout(tmp_path, layout):
+    jobs = snakemake_jobs(workflow_copy(tmp_path, {"rollout.layout": layout}))
+    gpus = {name: job.resources.get("gpu") for name, job in jobs.items() if name != "all"}
+    assert gpus == {name: LAYOUT_GPUS[layout] if name in MODEL_STAGES else 0 for name in gpus}
 
 
-def test_all_targets_the_report(dvc, jobs):
-    assert set(map(str, jobs["all"].input)) == dvc["report"].outs
+def test_grpo_checkpoints_are_kept_not_outputs(tmp_path):
+    grpo = snakemake_jobs(workflow_copy(tmp_path))["grpo"]
+    assert "models/grpo_checkpoints" not in set(map(str, grpo.output))
+    assert list(grpo.params.kept) == ["models/grpo_checkpoints"]
 
 
-def test_model_stages_request_gpus_from_the_rollout_layout(jobs, params):
-    expected = {"cpu": 0, "colocate": 1, "split": 2}[params["rollout"]["layout"]]
-    gpus = {name: job.resources.get("gpu") for name, job in jobs.items()}
-    assert {name: gpus[name] for name in MODEL_STAGES} == dict.fromkeys(MODEL_STAGES, expected)
-    assert not any(gpus[name] for name in gpus.keys() - MODEL_STAGES)
+def test_an_unknown_templated_param_is_an_error(tmp_path):
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump({"stages": {"x": {"cmd": "echo ${grpo.no_such_param}", "outs": ["x.txt"]}}})
+    )
+    with pytest.raises(PipelineError, match=r"\$\{grpo.no_such_param\} is not a param"):
+        read_pipeline(tmp_path / "dvc.yaml", yaml.safe_load((REPO / "params.yaml").read_text()))
 
 
-def test_divergent_dvc_yaml_is_reported(jobs, params):
-    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
-    dvc["stages"]["sft"]["outs"].append("reports/sft/extra.json")
-    del dvc["stages"]["report"]
-    found = divergences(dvc_stages(dvc), snakemake_stages(jobs, set(params)))
-    assert found == [
-        "rule report only in the Snakefile",
-        "sft.outs: only in dvc.yaml ['reports/sft/extra.json'], only in the Snakefile []",
-    ]
-
-
-def test_divergent_snakefile_is_reported(dvc, params, tmp_path):
-    text = SNAKEFILE.read_text(encoding="utf-8")
-    original = 'stats="reports/filter_cots/stats.json"'
-    assert text.count(original) == 1  # the edit below must still hit the Snakefile
-    snakefile = tmp_path / "Snakefile"
-    snakefile.write_text(text.replace(original, 'stats="reports/filter_cots/summary.json"'), encoding="utf-8")
-    found = divergences(dvc, snakemake_stages(snakemake_jobs(snakefile), set(params)))
-    assert [line.split(":")[0] for line in found] == ["filter_cots.cmd", "filter_cots.outs"]
-
-
-def test_config_overrides_are_refused():
+def test_config_overrides_are_refused(tmp_path):
     # The stage scripts read params.yaml, so an override would change Snakemake's rerun decisions but not the run.
     with pytest.raises(WorkflowError, match="params.yaml is the only config"):
-        snakemake_jobs(SNAKEFILE, config={"eval": {"temperature": 0.5}})
+        snakemake_jobs(workflow_copy(tmp_path), config={"eval": {"temperature": 0.5}})
 
 
 def test_lint_is_clean():
-    run = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--lint", "--snakefile", str(SNAKEFILE), "--directory", str(REPO)],
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint", "--snakefile", str(REPO / "Snakefile"), "--directory", str(REPO)],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
     assert "Lints for" not in output, output
+
+
+@pytest.mark.slow
+def test_snakemake_runs_the_tiny_pipeline_to_the_report(tmp_path):
+    clone, env = make_pipeline_repo(tmp_path, TINY_PIPELINE_OVERRIDES)
+    run([sys.executable, "-m", "snakemake", "--cores", "2"], clone, env)
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    assert set(final) == {"base", "sft", "ei", "grpo"}
+    assert (clone / "reports/report.html").is_file() and (clone / "logs/grpo.log").is_file()
+    assert not list((clone / "models/grpo_checkpoints").glob("step-*"))  # a completed run keeps none
+    assert "Nothing to be done" in run([sys.executable, "-m", "snakemake", "--cores", "2", "-n"], clone, env)

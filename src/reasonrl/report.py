@@ -575,6 +575,10 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
     )
     report.blocks.append(summary_table(final, "route"))
     report.blocks.append(Paragraph("Change in test accuracy: " + "; ".join(accuracy_changes(final)) + "."))
+    prompts = ", ".join(f"{route} `{summary.get('prompt', 'r1_zero')}`" for route, summary in final.items())
+    report.blocks.append(
+        Paragraph(f"Prompt per route, each graded with its own reward function (the one it trained with): {prompts}.")
+    )
     report.blocks.append(
         Paragraph(
             f"From `{final_path.as_posix()}`. Accuracy with its 95% Wilson score interval in brackets; "

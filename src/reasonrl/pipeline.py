@@ -1,0 +1,90 @@
+"""``dvc.yaml`` read as data: the one declaration of the pipeline, for the tools that run it besides DVC.
+
+The Snakefile builds one rule per stage from :func:`read_pipeline`, so both runners execute the same commands on
+the same inputs and outputs and cannot drift apart. Only the subset of DVC's syntax this project uses is read: a
+stage's ``cmd``, ``deps``, ``params``, ``outs`` (with ``persist``) and ``metrics``, and ``${dotted.param}``
+interpolation from ``params.yaml`` (DVC's templating) in any of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z0-9_.]+)\s*\}")
+
+
+class PipelineError(ValueError):
+    """``dvc.yaml`` uses something this reader does not understand, or names a param ``params.yaml`` lacks."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of ``dvc.yaml``, templating resolved."""
+
+    cmd: str
+    deps: tuple[str, ...]
+    outs: tuple[str, ...]
+    """Outputs, metrics included; a path without a file extension is a directory (true of every output here)."""
+    kept: tuple[str, ...]
+    """``persist: true`` outputs: resumable state that a runner must not delete when the stage fails."""
+    params: dict[str, Any]
+    """Each declared param (a section, a dotted key, or ``*`` for the whole file) → its value."""
+
+    @property
+    def directories(self) -> tuple[str, ...]:
+        return tuple(out for out in self.outs if not Path(out).suffix)
+
+
+def lookup(params: dict[str, Any], dotted: str) -> Any:
+    value: Any = params
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise PipelineError(f"dvc.yaml: ${{{dotted}}} is not a param in params.yaml")
+        value = value[key]
+    return value
+
+
+def interpolate(text: str, params: dict[str, Any]) -> str:
+    """``${a.b}`` → the value of ``a.b`` in ``params``, as DVC's templating substitutes it."""
+    return _INTERPOLATION.sub(lambda match: str(lookup(params, match.group(1))), text)
+
+
+def _path_and_options(entry: str | dict) -> tuple[str, dict]:
+    if isinstance(entry, str):
+        return entry, {}
+    ((path, options),) = entry.items()
+    return path, options or {}
+
+
+def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Stage]:
+    """The stages of ``dvc_yaml`` in declaration order, with ``params`` (``params.yaml`` as a mapping) substituted."""
+    declared = yaml.safe_load(Path(dvc_yaml).read_text(encoding="utf-8"))
+    unknown = set(declared) - {"stages", "plots"}
+    if unknown:
+        raise PipelineError(f"{dvc_yaml}: top-level keys {sorted(unknown)} are not supported here")
+    stages = {}
+    for name, stage in declared["stages"].items():
+        unsupported = set(stage) - {"cmd", "deps", "params", "outs", "metrics"}
+        if unsupported:
+            raise PipelineError(f"{dvc_yaml}: stage {name} uses {sorted(unsupported)}, which this reader ignores")
+        outs, kept = [], []
+        for entry in stage.get("outs", []) + stage.get("metrics", []):
+            path, options = _path_and_options(entry)
+            (kept if options.get("persist") else outs).append(interpolate(path, params))
+        declared_params = {}
+        for entry in stage.get("params", []):
+            key, _ = _path_and_options(entry)
+            declared_params[key] = params if key == "params.yaml" else lookup(params, key)
+        stages[name] = Stage(
+            cmd=" ".join(interpolate(stage["cmd"], params).split()),
+            deps=tuple(interpolate(dep, params) for dep in stage.get("deps", [])),
+            outs=tuple(outs),
+            kept=tuple(kept),
+            params=declared_params,
+        )
+    return stages

@@ -1,0 +1,147 @@
+"""The code a stage runs is the code dvc.yaml says it depends on, and the package's layers import downwards only.
+
+Each stage script's import closure inside ``reasonrl`` (every ``import`` at any depth, function-level ones included;
+``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, a package with data files
+(the prompt templates) by its whole directory. The import graph has no cycle, and the params schema, the CLI's error
+handling and the ``download`` stage load neither torch, transformers nor vLLM."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasonrl.pipeline import read_pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "src"
+HEAVY = ("torch", "transformers", "vllm")
+
+
+def module_path(module: str) -> Path | None:
+    """The file (or, for a package, the directory) that holds ``module``; None outside this package."""
+    path = SOURCE.joinpath(*module.split("."))
+    if path.is_dir():
+        return path
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def source_file(module: str) -> Path:
+    path = module_path(module)
+    return path / "__init__.py" if path.is_dir() else path
+
+
+def runtime_imports(file: Path) -> set[str]:
+    """The ``reasonrl`` modules ``file`` imports when it runs (``from a import b`` may name module ``a.b``)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(file.read_text(encoding="utf-8")))
+    return {name for name in found if name.split(".")[0] == "reasonrl" and module_path(name) is not None}
+
+
+def import_closure(file: Path) -> set[str]:
+    """Every ``reasonrl`` module that running ``file`` imports, parent packages included."""
+    seen: set[str] = set()
+    pending = list(runtime_imports(file))
+    while pending:
+        parts = pending.pop().split(".")
+        for depth in range(1, len(parts) + 1):
+            module = ".".join(parts[:depth])
+            if module not in seen:
+                seen.add(module)
+                pending.extend(runtime_imports(source_file(module)))
+    return seen
+
+
+def required_deps(module: str) -> str:
+    """The dep that covers ``module``: its file, or for a package that ships data files, its directory."""
+    path = module_path(module)
+    if path.is_dir() and any(p.suffix != ".py" for p in path.iterdir() if p.is_file()):
+        return path.relative_to(REPO).as_posix()
+    return source_file(module).relative_to(REPO).as_posix()
+
+
+def uncovered(deps: tuple[str, ...], script: Path) -> list[str]:
+    needed = {required_deps(module) for module in import_closure(script)}
+    return sorted(path for path in needed if not any(path == d or path.startswith(f"{d}/") for d in deps))
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return read_pipeline(REPO / "dvc.yaml", yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+
+
+def test_every_stage_depends_on_the_code_it_imports(stages):
+    gaps = {}
+    for name, stage in stages.items():
+        script = REPO / stage.cmd.split()[1]
+        assert script.relative_to(REPO).as_posix() in stage.deps, f"{name} does not depend on its own script"
+        if missing := uncovered(stage.deps, script):
+            gaps[name] = missing
+    assert not gaps, f"dvc.yaml stages miss code they import: {gaps}"
+
+
+def test_a_missing_module_or_prompt_dir_is_found(stages):
+    grpo = stages["grpo"]
+    script = REPO / "stages/grpo.py"
+    assert uncovered(grpo.deps, script) == []
+    without = tuple(d for d in grpo.deps if d not in ("src/reasonrl/config.py", "src/reasonrl/prompts"))
+    assert uncovered(without, script) == ["src/reasonrl/config.py", "src/reasonrl/prompts"]
+
+
+def test_the_package_import_graph_has_no_cycle():
+    modules = {
+        ".".join(path.relative_to(SOURCE).with_suffix("").parts).removesuffix(".__init__")
+        for path in (SOURCE / "reasonrl").rglob("*.py")
+    }
+    graph = {module: runtime_imports(source_file(module)) - {module} for module in modules}
+    # A package's __init__ importing its own submodules is not a cycle of concerns; reasonrl's is lazy anyway.
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == "open":
+                pytest.fail("import cycle: " + " → ".join([*path[path.index(imported) :], imported]))
+            if imported not in state:
+                visit(imported, [*path, imported])
+        state[module] = "done"
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [module])
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import reasonrl.config",  # the params schema
+        "import reasonrl.cli",  # every stage's error handling
+        "import reasonrl",  # the package itself (its handout functions load on first use)
+        "import runpy; runpy.run_path('stages/download.py', run_name='not_main')",
+    ],
+)
+def test_light_layers_load_no_training_stack(code):
+    probe = f"{code}; import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", f"{code} loads {result.stdout.strip()}"
+
+
+def test_the_download_stage_imports_no_training_loop():
+    loaded = import_closure(REPO / "stages/download.py")
+    assert not loaded & {"reasonrl.grpo", "reasonrl.sft", "reasonrl.rollout", "reasonrl.models", "reasonrl.losses"}
