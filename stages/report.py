@@ -14,7 +14,8 @@ from pathlib import Path
 from reasonrl.atomic import atomic_directory, atomic_write_text
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
-from reasonrl.report import ReportInputs, build_report, render_html, render_markdown
+from reasonrl.report import ReportInputs, build_report
+from reasonrl.report.document import render_html, render_markdown
 
 
 def main() -> None:

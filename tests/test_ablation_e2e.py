@@ -81,6 +81,7 @@ def test_a_stage_depends_on_the_model_it_starts_from_only(repo):
     assert "Stage 'expert_iteration' didn't change, skipping" in output
     output = run(["dvc", "exp", "run", "--name", "grpo-from-sft", "-S", "grpo.init_model=sft"], clone, env)
     assert "Running stage 'grpo'" in output
+    assert "resuming" not in output  # the finished runs before left no checkpoint to continue from
 
 
 def test_the_prompt_ablation_grades_grpo_with_its_own_prompt(repo):

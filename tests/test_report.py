@@ -15,22 +15,11 @@ import pytest
 
 from reasonrl.cli import open_live
 from reasonrl.evaluation import summarize
-from reasonrl.report import (
-    CurrentRun,
-    Experiment,
-    ReportInputError,
-    ReportInputs,
-    ablation_rows,
-    build_report,
-    flatten,
-    grpo_evaluations,
-    parse_exp_show,
-    pick_example_files,
-    read_params,
-    render_html,
-    render_markdown,
-    wilson_interval,
-)
+from reasonrl.report import ReportInputs, build_report
+from reasonrl.report.document import render_html, render_markdown
+from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
+from reasonrl.report.inputs import ReportInputError, flatten, grpo_evaluations, pick_example_files, read_params
+from reasonrl.report.tables import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,299 @@
+"""The ``report`` stage's logic: read what the other stages wrote, draw the figures, render Markdown and HTML.
+
+Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set),
+``baseline/metrics.json`` (zero-shot, one summary per prompt), the DVCLive directories ``{sft,ei,grpo}/live``,
+GRPO's example rollouts ``grpo/live/examples/step_*.json`` and ``grpo/metrics.json``; the ablation table comes
+from ``dvc exp show --json``. A missing optional input turns its figure or section into a line saying what is
+missing; a missing required one raises :class:`ReportInputError` naming the file.
+
+The document is built once as a list of blocks (:func:`build_report`, this module: one section after another) and
+rendered twice (``document``). The parts: ``inputs`` (reading the stages' files), ``tables`` (numbers),
+``figures`` (PNGs), ``experiments`` (the ablation table), ``document`` (blocks and rendering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonrl.report.document import Code, Figure, Heading, Paragraph, Report
+from reasonrl.report.experiments import (
+    CurrentRun,
+    ExperimentsUnavailable,
+    ablation_rows,
+    ablation_table,
+    parse_exp_show,
+    run_exp_show,
+)
+from reasonrl.report.figures import Series, plot_categories, plot_grid, plot_test_accuracy
+from reasonrl.report.inputs import (
+    EXAMPLES_PER_FILE,
+    ROUTES,
+    ReportInputError,
+    flatten,
+    grpo_evaluations,
+    load_json,
+    load_summaries,
+    pick_example_files,
+    read_metric,
+    read_params,
+)
+from reasonrl.report.tables import summary_table
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    reports_dir: Path
+    params_path: Path
+    repo_root: Path | None = None
+    """Where ``dvc exp show`` runs; None: no ablation table (e.g. not a DVC repository)."""
+    experiment_name: str | None = None
+    """The DVC experiment this run is (``DVC_EXP_NAME``), if any."""
+
+
+def _relative(path: Path, root: Path | None) -> str:
+    """``path`` as ``dvc exp show`` keys it: relative to the repository root, POSIX separators."""
+    path = Path(path)
+    if root is not None and path.is_absolute():
+        try:
+            return path.relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
+
+
+def _run_section(report: Report, flat: Mapping[str, Any]) -> None:
+    """What was run (``flat``: the dotted params): a tiny model on synthetic problems reads very differently from
+    the 1.5B model on GSM8K."""
+    data = flat.get("data.name", "gsm8k")
+    task = "synthetic arithmetic word problems in GSM8K's format" if data == "arithmetic" else "GSM8K"
+    report.blocks.append(
+        Paragraph(
+            f"Model `{flat.get('model.name')}` on {task} (`data.name: {data}`). Every route is evaluated on the same "
+            f"test split with the r1_zero prompt and the same sampling: temperature {flat.get('eval.temperature')}, "
+            f"top-p {flat.get('eval.top_p')}, at most {flat.get('eval.max_tokens')} new tokens, stop at "
+            f"{flat.get('eval.stop')}."
+        )
+    )
+
+
+# Each route against the one it starts from in the demo and the handout's comparisons.
+ROUTE_COMPARISONS = (("sft", "base"), ("ei", "sft"), ("grpo", "sft"))
+
+
+def accuracy_changes(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``"GRPO vs SFT +10.4 points"`` for each pair of :data:`ROUTE_COMPARISONS`."""
+    changes = []
+    for route, reference in ROUTE_COMPARISONS:
+        points = 100 * (final[route]["accuracy"] - final[reference]["accuracy"])
+        changes.append(f"{route.upper()} vs {reference.upper()} {points:+.1f} points")
+    return changes
+
+
+def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
+    report.blocks.append(Heading(2, "Test accuracy per route"))
+    report.figures["test_accuracy.png"] = plot_test_accuracy(final)
+    report.blocks.append(
+        Figure(
+            "test_accuracy.png",
+            "Test accuracy per route. Error bars: 95% Wilson score interval over the n graded answers "
+            "(samples of one question are treated as independent).",
+        )
+    )
+    report.blocks.append(summary_table(final, "route"))
+    report.blocks.append(Paragraph("Change in test accuracy: " + "; ".join(accuracy_changes(final)) + "."))
+    prompts = ", ".join(f"{route} `{summary.get('prompt', 'r1_zero')}`" for route, summary in final.items())
+    report.blocks.append(
+        Paragraph(f"Prompt per route, each graded with its own reward function (the one it trained with): {prompts}.")
+    )
+    report.blocks.append(
+        Paragraph(
+            f"From `{final_path.as_posix()}`. Accuracy with its 95% Wilson score interval in brackets; "
+            "categories: correct, right format but wrong answer, wrong format; lengths in tokens."
+        )
+    )
+
+
+def _validation_section(report: Report, live: Mapping[str, Path]) -> None:
+    report.blocks.append(Heading(2, "Validation accuracy during training"))
+    series, missing = [], []
+    for route, xlabel in (("sft", "optimizer step"), ("ei", "round")):
+        points = read_metric(live[route], "eval/accuracy")
+        if points:
+            series.append(Series(route.upper(), xlabel, "validation accuracy", points))
+        else:
+            missing.append(f"`{(live[route] / 'plots/metrics/eval/accuracy.tsv').as_posix()}`")
+    evaluations = grpo_evaluations(live["grpo"])
+    if evaluations:
+        points = [(e.grpo_step, e.accuracy) for e in evaluations]
+        series.append(Series("GRPO", "GRPO step", "validation accuracy", points))
+    else:
+        missing.append(f"GRPO's eval/accuracy, time/elapsed_seconds or grpo_step under `{live['grpo'].as_posix()}`")
+    if series:
+        report.figures["validation_curves.png"] = plot_grid([series], "Validation accuracy")
+        report.blocks.append(
+            Figure("validation_curves.png", "Validation accuracy: SFT by optimizer step, EI by round, GRPO by step.")
+        )
+    if missing:
+        report.blocks.append(Paragraph("Missing: " + "; ".join(missing) + "."))
+
+    report.blocks.append(Heading(2, "GRPO validation accuracy against wall-clock time"))
+    if evaluations:
+        points = [(e.elapsed_seconds, e.accuracy) for e in evaluations]
+        report.figures["grpo_wallclock.png"] = plot_grid(
+            [[Series("GRPO", "seconds", "validation accuracy", points, integer_x=False)]],
+            "GRPO validation accuracy vs time",
+        )
+        report.blocks.append(
+            Figure(
+                "grpo_wallclock.png",
+                "GRPO validation accuracy against the cumulative seconds of GRPO steps (rollouts, scoring, "
+                "training, weight sync; time spent evaluating is not counted).",
+            )
+        )
+    else:
+        report.blocks.append(
+            Paragraph(f"Not available: missing GRPO evaluation curves in `{live['grpo'].as_posix()}`.")
+        )
+
+
+DYNAMICS = (
+    # (row, route, metric, panel title, x label)
+    ("entropy", "sft", "train/entropy", "SFT token entropy", "optimizer step"),
+    ("entropy", "ei", "train/entropy", "EI token entropy", "round"),
+    ("entropy", "grpo", "train/entropy", "GRPO token entropy", "optimizer step"),
+    ("length", "sft", "eval/response_length_all", "SFT validation response length", "optimizer step"),
+    ("length", "ei", "rollout/response_length", "EI rollout response length", "round"),
+    ("length", "grpo", "rollout/response_length", "GRPO rollout response length", "optimizer step"),
+)
+
+
+def _dynamics_section(report: Report, live: Mapping[str, Path]) -> None:
+    report.blocks.append(Heading(2, "Entropy and response length during training"))
+    rows: dict[str, list[Series]] = {"entropy": [], "length": []}
+    missing = []
+    for row, route, metric, title, xlabel in DYNAMICS:
+        points = read_metric(live[route], metric)
+        if points:
+            ylabel = "entropy (nats/token)" if row == "entropy" else "tokens"
+            rows[row].append(Series(title, xlabel, ylabel, points))
+        else:
+            missing.append(f"{route} `{metric}`")
+    grid = [series for series in rows.values() if series]
+    if grid:
+        report.figures["training_dynamics.png"] = plot_grid(grid, "Response entropy and length")
+        report.blocks.append(
+            Figure(
+                "training_dynamics.png",
+                "Top: mean token entropy of the responses trained on. Bottom: mean response length in tokens "
+                "(SFT: validation answers; EI and GRPO: training rollouts).",
+            )
+        )
+    if missing:
+        report.blocks.append(Paragraph("Not logged: " + ", ".join(missing) + "."))
+
+
+def _categories_section(report: Report, final: dict[str, dict[str, Any]]) -> None:
+    report.blocks.append(Heading(2, "Answer categories per route"))
+    report.figures["categories.png"] = plot_categories(final)
+    report.blocks.append(
+        Figure(
+            "categories.png",
+            "Share of test answers that are correct, have the right format but a wrong answer (format only), "
+            "or have the wrong format (neither).",
+        )
+    )
+
+
+def _baseline_section(report: Report, path: Path) -> None:
+    report.blocks.append(Heading(2, "Zero-shot prompts (baseline)"))
+    if not path.is_file():
+        report.blocks.append(Paragraph(f"Not available: `{path.as_posix()}` is missing."))
+        return
+    report.blocks.append(summary_table(load_summaries(path), "prompt"))
+    report.blocks.append(Paragraph(f"The base model on the test set with each prompt, from `{path.as_posix()}`."))
+
+
+def _examples_section(report: Report, examples_dir: Path) -> None:
+    report.blocks.append(Heading(2, "GRPO example rollouts"))
+    files = pick_example_files(examples_dir)
+    if not files:
+        report.blocks.append(Paragraph(f"Not available: no `step_*.json` in `{examples_dir.as_posix()}`."))
+        return
+    report.blocks.append(
+        Paragraph(f"Validation answers at the first, middle and last GRPO evaluation ({EXAMPLES_PER_FILE} each).")
+    )
+    for path in files:
+        examples = load_json(path)
+        if not isinstance(examples, list):
+            raise ReportInputError(f"{path}: expected a list of examples")
+        step = int(path.stem.removeprefix("step_"))
+        report.blocks.append(Heading(3, f"GRPO step {step}"))
+        for index, example in enumerate(examples[:EXAMPLES_PER_FILE], start=1):
+            report.blocks.append(Paragraph(f"Example {index} (step {step}), reward {example.get('reward')}:"))
+            report.blocks.append(Code(str(example.get("response", ""))))
+
+
+def _ablation_section(
+    report: Report, inputs: ReportInputs, final: dict[str, dict[str, Any]], params: dict[str, Any]
+) -> None:
+    report.blocks.append(Heading(2, "Ablations (DVC experiments)"))
+    reports = Path(inputs.reports_dir)
+    grpo_metrics_path = reports / "grpo" / "metrics.json"
+    grpo_metrics = load_json(grpo_metrics_path) if grpo_metrics_path.is_file() else {}
+    current = CurrentRun(
+        name=inputs.experiment_name,
+        params=params,
+        test_accuracy=final["grpo"]["accuracy"],
+        best_val_accuracy=grpo_metrics.get("best_val_accuracy") if isinstance(grpo_metrics, dict) else None,
+    )
+    if inputs.repo_root is None:
+        report.blocks.append(Paragraph("No experiments: no repository to ask."))
+        return
+    try:
+        data = run_exp_show(inputs.repo_root)
+    except ExperimentsUnavailable as error:
+        report.warnings.append(f"no experiments in the report: {error}")
+        report.blocks.append(Paragraph(f"No experiments: {error}"))
+        return
+    root = Path(inputs.repo_root)
+    experiments = parse_exp_show(
+        data,
+        params_file=_relative(inputs.params_path, root),
+        final_metrics=_relative(reports / "final" / "metrics.json", root),
+        grpo_metrics=_relative(grpo_metrics_path, root),
+    )
+    if not any(e.state != "baseline" for e in experiments):
+        report.blocks.append(Paragraph("No experiments derived from the current commit yet."))
+    report.blocks.append(ablation_table(ablation_rows(experiments, current)))
+    report.blocks.append(
+        Paragraph(
+            "From `dvc exp show --json` (experiments of the current commit); params compared with the baseline "
+            "commit's. GRPO test accuracy from `final/metrics.json`, best validation accuracy from "
+            "`grpo/metrics.json`; the current run's values are read from its files."
+        )
+    )
+
+
+def build_report(inputs: ReportInputs) -> Report:
+    """Read every input, draw the figures and assemble the document."""
+    reports = Path(inputs.reports_dir)
+    final_path = reports / "final" / "metrics.json"
+    final = load_summaries(final_path, required=ROUTES)
+    final = {route: final[route] for route in ROUTES}
+    live = {route: reports / route / "live" for route in ("sft", "ei", "grpo")}
+
+    report = Report()
+    report.blocks.append(Heading(1, "reasonrl report: zero-shot, SFT, expert iteration and GRPO"))
+    params = flatten(read_params(inputs.params_path))
+    _run_section(report, params)
+    _test_accuracy_section(report, final, final_path)
+    _validation_section(report, live)
+    _dynamics_section(report, live)
+    _categories_section(report, final)
+    _baseline_section(report, reports / "baseline" / "metrics.json")
+    _examples_section(report, live["grpo"] / "examples")
+    _ablation_section(report, inputs, final, params)
+    return report

@@ -1,0 +1,117 @@
+"""Reading what the other stages wrote: metric summaries, DVCLive curves, example rollouts, the params file.
+A missing required input raises :class:`ReportInputError` naming the file; optional ones return None."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonrl.config import parse_yaml
+from reasonrl.data import DataFormatError
+
+ROUTES = ("base", "sft", "ei", "grpo")
+EXAMPLES_PER_FILE = 2
+
+
+class ReportInputError(DataFormatError):
+    """A required report input is missing or malformed; the message names the file."""
+
+
+def load_json(path: Path) -> Any:
+    """Read a JSON file; a missing or malformed file raises :class:`ReportInputError` naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportInputError(f"{path}: missing (run the stage that writes it first)") from None
+    except json.JSONDecodeError as error:
+        raise ReportInputError(f"{path}: not valid JSON: {error}") from None
+
+
+def load_summaries(path: Path, required: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """Read a ``{name: summary}`` file (see ``reasonrl.evaluation.summarize``), checking each summary's keys."""
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: expected a mapping of name → evaluation summary")
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ReportInputError(f"{path}: no summary for {', '.join(missing)}")
+    for name, summary in data.items():
+        keys = {"n", "accuracy", "format_rate", "categories", "response_length"}
+        if not isinstance(summary, dict) or not keys <= summary.keys():
+            raise ReportInputError(f"{path}: {name}: expected an evaluation summary with keys {sorted(keys)}")
+    return data
+
+
+def read_metric(live_dir: Path, name: str) -> list[tuple[int, float]] | None:
+    """The ``(step, value)`` rows DVCLive logged for metric ``name`` (e.g. ``eval/accuracy``); None if absent."""
+    path = Path(live_dir) / "plots" / "metrics" / f"{name}.tsv"
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8", newline="") as stream:
+        rows = list(csv.DictReader(stream, delimiter="\t"))
+    column = name.rsplit("/", 1)[-1]
+    try:
+        return [(int(float(row["step"])), float(row[column])) for row in rows]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ReportInputError(f"{path}: expected columns step and {column}: {error!r}") from None
+
+
+@dataclass(frozen=True)
+class GRPOEvaluation:
+    grpo_step: int
+    elapsed_seconds: float
+    """Cumulative seconds of GRPO steps (rollout, scoring, training, sync) before this evaluation."""
+    accuracy: float
+
+
+def grpo_evaluations(live_dir: Path) -> list[GRPOEvaluation] | None:
+    """GRPO's validation accuracy by GRPO step and elapsed time; None when a needed TSV is absent.
+
+    ``run_grpo`` logs ``eval/accuracy``, ``time/elapsed_seconds`` and ``grpo_step`` at the same DVCLive step (the
+    optimizer-step count) at each evaluation; ``grpo_step`` is also logged at the end of every GRPO step, with the
+    same value when an evaluation follows at that DVCLive step. So the three join on the DVCLive step.
+    """
+    accuracy = read_metric(live_dir, "eval/accuracy")
+    elapsed = read_metric(live_dir, "time/elapsed_seconds")
+    grpo_step = read_metric(live_dir, "grpo_step")
+    if accuracy is None or elapsed is None or grpo_step is None:
+        return None
+    elapsed_at, step_at = dict(elapsed), dict(grpo_step)
+    return [
+        GRPOEvaluation(int(step_at[step]), elapsed_at[step], value)
+        for step, value in accuracy
+        if step in elapsed_at and step in step_at
+    ]
+
+
+def pick_example_files(examples_dir: Path) -> list[Path]:
+    """The first, middle and last ``step_*.json`` files (fewer when there are fewer)."""
+    files = sorted(Path(examples_dir).glob("step_*.json"))
+    if not files:
+        return []
+    return [files[i] for i in sorted({0, len(files) // 2, len(files) - 1})]
+
+
+def read_params(path: Path) -> dict[str, Any]:
+    """The raw params file as a mapping (the ablation table compares raw values, as ``dvc exp show`` does)."""
+    try:
+        data = parse_yaml(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportInputError(f"{path}: missing") from None
+    return data if isinstance(data, dict) else {}
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"grpo": {"lr": 1}}`` → ``{"grpo.lr": 1}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat |= flatten(value, f"{name}.")
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,61 @@
+"""Numbers as the report prints them: Wilson intervals, percentages, the per-route summary table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from reasonrl.report.document import Table
+
+CATEGORIES = ("correct", "format_only", "neither")
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; unlike p ± z·s.e. it stays informative at p = 0 or 1."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def accuracy_interval(summary: Mapping[str, Any]) -> tuple[float, float]:
+    """95% Wilson interval of a summary's accuracy (``accuracy · n`` correct answers out of ``n``)."""
+    return wilson_interval(round(summary["accuracy"] * summary["n"]), summary["n"])
+
+
+def percent(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def format_accuracy(summary: Mapping[str, Any]) -> str:
+    """``"30.0% [10.8, 60.3]"``: accuracy and its 95% Wilson interval, in percent."""
+    low, high = accuracy_interval(summary)
+    return f"{percent(summary['accuracy'])} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+SUMMARY_COLUMNS = [
+    "n",
+    "accuracy [95% CI]",
+    "format rate",
+    "correct / format only / neither",
+    "mean length: all / correct / incorrect",
+]
+
+
+def summary_table(summaries: Mapping[str, Mapping[str, Any]], label: str) -> Table:
+    """One row per summary: n, accuracy with its Wilson interval, format rate, categories, mean lengths."""
+    rows = []
+    for name, s in summaries.items():
+        categories = " / ".join(str(s["categories"][c]) for c in CATEGORIES)
+        lengths = " / ".join(number(s["response_length"].get(k)) for k in ("all", "correct", "incorrect"))
+        rows.append([name, str(s["n"]), format_accuracy(s), percent(s["format_rate"]), categories, lengths])
+    return Table([label, *SUMMARY_COLUMNS], rows)
