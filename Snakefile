@@ -55,9 +55,11 @@ for stage_name, stage in STAGES.items():
             [directory(out) if out in stage.directories else out for out in stage.outs],
         params:
             # Snakemake reruns a rule when these change. `kept` (resumable GRPO checkpoints) is no output:
-            # Snakemake deletes a failed job's outputs, and a rerun or retry resumes from them.
+            # Snakemake deletes a failed job's outputs, and a rerun or retry resumes from them. The command is a
+            # param because the shell directive runs after this loop, when `stage` is the last stage.
             **{key.replace(".", "_"): value for key, value in stage.params.items()},
             kept=stage.kept,
+            cmd=stage.cmd,
         log:
             f"logs/{stage_name}.log",
         threads: MODEL_THREADS if is_model_stage else 1
@@ -68,7 +70,7 @@ for stage_name, stage in STAGES.items():
         conda:
             ENV
         shell:
-            stage.cmd.replace("{", "{{").replace("}", "}}") + " > {log} 2>&1"
+            "{params.cmd} > {log} 2>&1"
 
 
 rule all:

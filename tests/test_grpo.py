@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from reasonrl.config import GRPOConfig
-from reasonrl.grpo import NonFiniteError, NonFiniteGuard, RolloutBatch, accumulate_gradients, compute_old_log_probs
+from reasonrl.grpo import (
+    NonFiniteError,
+    NonFiniteGuard,
+    RolloutBatch,
+    TrainingState,
+    accumulate_gradients,
+    compute_old_log_probs,
+    load_checkpoint,
+    save_checkpoint,
+)
+from reasonrl.sft import BestCheckpoint
 from reasonrl.tokenization import batch_from_token_ids
 
 
@@ -101,3 +111,20 @@ def test_nonfinite_guard_skips_then_stops_naming_step_and_quantity():
     assert not guard.allows(8, {"gradient norm": torch.tensor(math.nan)})
     with pytest.raises(NonFiniteError, match=r"GRPO step 9: gradient norm is NaN or Inf in 3 optimizer steps in a row"):
         guard.allows(9, {"gradient norm": torch.tensor(math.nan)})
+
+
+def test_the_guard_state_survives_a_checkpoint(tiny_model, tmp_path):
+    """Two bad steps in a row before a checkpoint, one after the resume: the third in a row still stops the run."""
+    live = tmp_path / "live"
+    live.mkdir()
+    optimizer = torch.optim.AdamW(tiny_model.parameters())
+    guard = NonFiniteGuard(limit=2)
+    for step in (0, 1):
+        guard.allows(step, {"loss": math.nan})
+    state = TrainingState(step=2, skipped_steps=guard.skipped, consecutive_nonfinite=guard.consecutive)
+    save_checkpoint(tmp_path / "checkpoints", tiny_model, optimizer, state, BestCheckpoint(), live, "fingerprint")
+
+    restored = load_checkpoint(tmp_path / "checkpoints/step-000002", tiny_model, optimizer, BestCheckpoint(), live)
+    resumed = NonFiniteGuard(2, restored.skipped_steps, restored.consecutive_nonfinite)
+    with pytest.raises(NonFiniteError, match="in 3 optimizer steps in a row"):
+        resumed.allows(2, {"loss": math.nan})

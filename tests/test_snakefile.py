@@ -82,7 +82,7 @@ def rule_view(job) -> dict:
         "cmd": cmd,
         "deps": set(map(str, job.input)),
         "outs": set(map(str, job.output)),
-        "params": set(job.params.keys()) - {"kept"},
+        "params": set(job.params.keys()) - {"kept", "cmd"},
     }
 
 
