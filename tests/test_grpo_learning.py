@@ -4,7 +4,7 @@ The margin must hold on any CPU, where float rounding makes a different trajecto
 The SFT starting point is chosen for signal: after 200 SFT steps about a third of the samples are right, so most
 groups of 8 have reward variance to learn from (after 100 steps, at ~10%, half the groups had none and the rise over
 12 steps was 0.03–0.07, too close to any threshold). Measured over 10 GRPO seeds on the same SFT model and 10 more
-seeds with a different SFT model each (see the REQUIRED_RISE comment), the rise always cleared the bar by far."""
+seeds with a different SFT model each (see REQUIRED_RISE), the rise always cleared the bar with room to spare."""
 
 import random
 
@@ -24,7 +24,10 @@ from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 pytestmark = pytest.mark.slow
 QUESTIONS = 32  # a fixed pool, seen every step: the rise measures learning, not which questions were drawn
 SFT_STEPS = 200
-REQUIRED_RISE = 0.1  # MEASURED
+# Rise of the mean train reward, last 3 of 12 steps over the first 3, in 40 runs measured: the fixture's SFT model
+# with GRPO seeds 0-9, reinforce_with_baseline 0.251-0.374, grpo_clip 0.385-0.444; a differently initialised and
+# shuffled SFT model per seed (10-19), 0.189-0.410 and 0.193-0.479. The worst run cleared this bar by 0.089.
+REQUIRED_RISE = 0.1
 
 
 @pytest.fixture(scope="module")
