@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
     from reasonrl.data import GSM8KExample
-from reasonrl.rollout import RolloutEngine, Sample
+    from reasonrl.rollout import RolloutEngine, Sample
 
 CHECKPOINT_PREFIX = "step-"
 EXAMPLES_PER_EVAL = 4
