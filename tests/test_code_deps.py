@@ -82,8 +82,8 @@ def uncovered(deps: tuple[str, ...], script: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def stages():
-    return read_pipeline(REPO / "dvc.yaml", yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+def stages(full_scale_params):
+    return read_pipeline(REPO / "dvc.yaml", yaml.safe_load(full_scale_params))
 
 
 def test_every_stage_depends_on_the_code_it_imports(stages):

@@ -33,15 +33,21 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_STAGES = {"baseline", "sft", "expert_iteration", "grpo", "final_eval"}
 
 
-def workflow_copy(tmp_path: Path, overrides: dict | None = None) -> Path:
-    """The Snakefile, dvc.yaml and params.yaml (with ``overrides``) in a directory of their own, beside links to the
-    code the stages depend on."""
-    for name in ("Snakefile", "dvc.yaml", "params.yaml"):
-        shutil.copy2(REPO / name, tmp_path / name)
-    for name in ("src", "stages", "profiles"):
-        (tmp_path / name).symlink_to(REPO / name)
-    apply_to_file(overrides or {}, tmp_path / "params.yaml")
-    return tmp_path
+@pytest.fixture
+def workflow_copy(tmp_path: Path, full_scale_params: str):
+    """Makes the Snakefile, dvc.yaml and the committed params.yaml (with overrides; ``make demo`` rewrites the
+    workspace's) a directory of their own, beside links to the code the stages depend on."""
+
+    def make(overrides: dict | None = None) -> Path:
+        for name in ("Snakefile", "dvc.yaml"):
+            shutil.copy2(REPO / name, tmp_path / name)
+        (tmp_path / "params.yaml").write_text(full_scale_params, encoding="utf-8")
+        apply_to_file(overrides or {}, tmp_path / "params.yaml")
+        for name in ("src", "stages", "profiles"):
+            (tmp_path / name).symlink_to(REPO / name)
+        return tmp_path
+
+    return make
 
 
 def snakemake_jobs(workdir: Path = REPO, config: dict | None = None) -> dict:
@@ -91,8 +97,8 @@ def rule_view(job) -> dict:
     [{}, {"grpo.init_model": "sft", "ei.init_model": "sft", "grpo.prompt": "question_only"}],
     ids=["committed params", "templated choices changed"],
 )
-def test_snakemake_runs_the_stages_dvc_resolves(tmp_path, overrides):
-    workdir = workflow_copy(tmp_path, overrides)
+def test_snakemake_runs_the_stages_dvc_resolves(workflow_copy, overrides):
+    workdir = workflow_copy(overrides)
     dvc = dvc_resolved(workdir)
     jobs = snakemake_jobs(workdir)
     ours = read_pipeline(workdir / "dvc.yaml", yaml.safe_load((workdir / "params.yaml").read_text()))
@@ -109,27 +115,27 @@ def test_snakemake_runs_the_stages_dvc_resolves(tmp_path, overrides):
     assert f"--prompt grpo={overrides.get('grpo.prompt', 'r1_zero')}" in dvc["final_eval"]["cmd"]
 
 
-def test_directories_are_directory_outputs(tmp_path):
-    jobs = snakemake_jobs(workflow_copy(tmp_path))
+def test_directories_are_directory_outputs(workflow_copy):
+    jobs = snakemake_jobs(workflow_copy())
     directories = {str(out) for job in jobs.values() for out in job.output if is_flagged(out, "directory")}
     assert {"data/gsm8k", "models/base", "models/grpo", "reports/grpo/live", "reports/figures"} <= directories
     assert not {out for out in directories if Path(out).suffix}
 
 
-def test_all_targets_the_report(tmp_path):
-    jobs = snakemake_jobs(workflow_copy(tmp_path))
+def test_all_targets_the_report(workflow_copy):
+    jobs = snakemake_jobs(workflow_copy())
     assert set(map(str, jobs["all"].input)) == {"reports/report.md", "reports/report.html", "reports/figures"}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUT_GPUS))
-def test_model_stages_request_gpus_from_the_rollout_layout(tmp_path, layout):
-    jobs = snakemake_jobs(workflow_copy(tmp_path, {"rollout.layout": layout}))
+def test_model_stages_request_gpus_from_the_rollout_layout(workflow_copy, layout):
+    jobs = snakemake_jobs(workflow_copy({"rollout.layout": layout}))
     gpus = {name: job.resources.get("gpu") for name, job in jobs.items() if name != "all"}
     assert gpus == {name: LAYOUT_GPUS[layout] if name in MODEL_STAGES else 0 for name in gpus}
 
 
-def test_grpo_checkpoints_are_kept_not_outputs(tmp_path):
-    grpo = snakemake_jobs(workflow_copy(tmp_path))["grpo"]
+def test_grpo_checkpoints_are_kept_not_outputs(workflow_copy):
+    grpo = snakemake_jobs(workflow_copy())["grpo"]
     assert "models/grpo_checkpoints" not in set(map(str, grpo.output))
     assert list(grpo.params.kept) == ["models/grpo_checkpoints"]
 
@@ -142,10 +148,10 @@ def test_an_unknown_templated_param_is_an_error(tmp_path):
         read_pipeline(tmp_path / "dvc.yaml", yaml.safe_load((REPO / "params.yaml").read_text()))
 
 
-def test_config_overrides_are_refused(tmp_path):
+def test_config_overrides_are_refused(workflow_copy):
     # The stage scripts read params.yaml, so an override would change Snakemake's rerun decisions but not the run.
     with pytest.raises(WorkflowError, match="params.yaml is the only config"):
-        snakemake_jobs(workflow_copy(tmp_path), config={"eval": {"temperature": 0.5}})
+        snakemake_jobs(workflow_copy(), config={"eval": {"temperature": 0.5}})
 
 
 def test_lint_is_clean():
