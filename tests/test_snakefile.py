@@ -50,7 +50,7 @@ def workflow_copy(tmp_path: Path, full_scale_params: str):
     return make
 
 
-def snakemake_jobs(workdir: Path = REPO, config: dict | None = None) -> dict:
+def snakemake_jobs(workdir: Path, config: dict | None = None) -> dict:
     """The jobs of a dry run of target `all` from scratch, by rule name."""
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         workflow = api.workflow(
