@@ -110,12 +110,17 @@ def test_a_completed_stage_leaves_no_checkpoint_to_resume(stage_inputs):
     assert "resuming" not in rerun.stdout + rerun.stderr
 
 
-def run_library_grpo(model_dir: Path, train, work: Path, learning_rate: float = 1e-4, n_grpo_steps: int = 3) -> str:
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """One engine for every library run: ``run_grpo`` syncs its policy's weights into it before sampling."""
+    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024))
+
+
+def run_library_grpo(engine, model_dir: Path, train, work: Path, learning_rate: float = 1e-4) -> str:
     """``run_grpo`` as the stage calls it, minus the clean-up: a checkpoint at step 2 stays. Returns its log."""
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
-    engine = RolloutEngine(model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024))
     config = GRPOConfig(
-        n_grpo_steps=n_grpo_steps, learning_rate=learning_rate, rollout_batch_size=8, group_size=4,
+        n_grpo_steps=3, learning_rate=learning_rate, rollout_batch_size=8, group_size=4,
         train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12, eval_every=100, eval_examples=2,
         checkpoint_every=2,
     )  # fmt: skip
@@ -130,14 +135,14 @@ def run_library_grpo(model_dir: Path, train, work: Path, learning_rate: float = 
 
 
 @pytest.mark.parametrize("change", ["init model", "params", "data"])
-def test_a_checkpoint_made_from_other_inputs_is_not_resumed(tmp_path, tiny_tokenizer, change):
+def test_a_checkpoint_made_from_other_inputs_is_not_resumed(engine, tmp_path, tiny_tokenizer, change):
     """Model A trains and leaves a checkpoint; then one input changes in place (model B written into the same
     directory, another learning rate, other data) and the next run must start afresh from the new inputs."""
     train = parse_lines(arithmetic_lines(16, 0, 1, 9), "train")
     model_dir = tmp_path / "model"
     build_tiny_model(tiny_tokenizer, TinyModelSpec(), seed=0).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    run_library_grpo(model_dir, train, tmp_path / "run")
+    run_library_grpo(engine, model_dir, train, tmp_path / "run")
     assert (tmp_path / "run/checkpoints/step-000002").is_dir()
 
     kwargs = {}
@@ -147,9 +152,9 @@ def test_a_checkpoint_made_from_other_inputs_is_not_resumed(tmp_path, tiny_token
         kwargs["learning_rate"] = 2e-4
     else:
         train = parse_lines(arithmetic_lines(16, 5, 1, 9), "train")
-    log = run_library_grpo(model_dir, train, tmp_path / "run", **kwargs)
+    log = run_library_grpo(engine, model_dir, train, tmp_path / "run", **kwargs)
     assert "was made from other inputs (params, init model or data); starting afresh" in log
     assert "resuming" not in log
 
     # the same inputs again do resume the checkpoint the second run left
-    assert "resuming from" in run_library_grpo(model_dir, train, tmp_path / "run", **kwargs)
+    assert "resuming from" in run_library_grpo(engine, model_dir, train, tmp_path / "run", **kwargs)

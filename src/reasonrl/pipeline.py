@@ -33,7 +33,7 @@ class Stage:
     kept: tuple[str, ...]
     """``persist: true`` outputs: resumable state that a runner must not delete when the stage fails."""
     params: dict[str, Any]
-    """Each declared param (a section, a dotted key, or ``*`` for the whole file) → its value."""
+    """Each declared param (a section, a dotted key, or ``params.yaml`` for the whole file) → its value."""
 
     @property
     def directories(self) -> tuple[str, ...]:
