@@ -7,6 +7,7 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.grpo import remove_checkpoints, run_grpo
+from reasonrl.memory import check_gpu_memory
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import load_policy, save_policy
 
@@ -26,8 +27,11 @@ def main() -> None:
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
+    plan = check_gpu_memory(start, config, "grpo", params.rollout)  # before any model loads
+    if plan:
+        print(f"grpo: {plan}")
     engine = RolloutEngine(start, params.rollout)
-    policy, tokenizer = load_policy(start, engine.policy_device(), config.gradient_checkpointing)
+    policy, tokenizer = load_policy(start, engine.policy_device(), config.precision, config.gradient_checkpointing)
     best = run_grpo(
         policy,
         tokenizer,

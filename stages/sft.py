@@ -6,6 +6,7 @@ from reasonrl.atomic import atomic_write_json
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
+from reasonrl.memory import check_gpu_memory
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft, save_policy
 
@@ -31,8 +32,11 @@ def main() -> None:
     pairs = load_pairs(Path(args.pairs) / f"{config.dataset}.jsonl", config.num_examples)
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
+    plan = check_gpu_memory(args.model, config, "sft", params.rollout)  # before any model loads
+    if plan:
+        print(f"sft: {plan}")
     engine = RolloutEngine(args.model, params.rollout)
-    policy, tokenizer = load_policy(args.model, engine.policy_device(), config.gradient_checkpointing)
+    policy, tokenizer = load_policy(args.model, engine.policy_device(), config.precision, config.gradient_checkpointing)
     with open_live(args.live) as live:
         best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live)
     save_policy(policy, tokenizer, args.out, best.state_dict)

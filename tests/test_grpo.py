@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from reasonrl.batching import sequence_lengths
 from reasonrl.config import GRPOConfig
 from reasonrl.grpo import (
     NonFiniteError,
@@ -34,6 +35,7 @@ def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBat
         advantages=torch.tensor(advantages),
         reward_metadata={},
         response_lengths=[len(ids) for ids in response_ids],
+        sequence_lengths=sequence_lengths(tensors["response_mask"]),
     )
 
 
@@ -49,17 +51,27 @@ def hand_computed(model, batch, per_token_loss_fn):
     return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("gradient_accumulation_steps", [1, 2])
-def test_reinforce_step_equals_hand_computed_loss_and_gradient(tiny_model, gradient_accumulation_steps):
+# Fixed microbatches of 4, 2 and 1 rows, and token budgets: 8 tokens → [6], [4, 4], [2] (rows of unequal size), and
+# one that takes the whole step.
+@pytest.mark.parametrize(
+    ("gradient_accumulation_steps", "microbatch_tokens"), [(1, None), (2, None), (4, None), (1, 8), (1, 1000)]
+)
+def test_reinforce_step_equals_hand_computed_loss_and_gradient(
+    tiny_model, gradient_accumulation_steps, microbatch_tokens
+):
+    """Whatever the split, the gradient is the handout's mean over the step's sequences (fp32, to 1e-6)."""
     batch = fixed_batch(advantages=[1.5, -0.5, 0.0, -1.0], raw_rewards=[1.0, 0.0, 0.0, 0.0])
     config = GRPOConfig(
-        rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=gradient_accumulation_steps
+        rollout_batch_size=8,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        microbatch_tokens=microbatch_tokens,
     )
     expected_loss, expected_grads = hand_computed(tiny_model, batch, lambda lp: -batch.advantages.unsqueeze(-1) * lp)
     tiny_model.zero_grad()
     metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)
-    if gradient_accumulation_steps == 1:
-        assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
     for name, parameter in tiny_model.named_parameters():
         assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
     tiny_model.zero_grad()
@@ -75,7 +87,7 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
         loss_type="grpo_clip",
         cliprange=0.2,
     )
-    old = compute_old_log_probs(tiny_model, batch, microbatch_size=2)
+    old = compute_old_log_probs(tiny_model, batch, config)
     old = old + torch.tensor([-0.5, 0.5, 0.05, 0.0]).unsqueeze(-1)  # rows 0, 1: ratios clipped for their sign of A
     advantages = batch.advantages.unsqueeze(-1)
 
@@ -93,11 +105,16 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
     tiny_model.zero_grad()
 
 
-def test_old_log_probs_are_not_differentiable(tiny_model):
+def test_old_log_probs_are_not_differentiable_and_do_not_depend_on_the_split(tiny_model):
     batch = fixed_batch(advantages=[0.0] * 4, raw_rewards=[0.0] * 4)
-    old = compute_old_log_probs(tiny_model, batch, microbatch_size=3)
+    whole = GRPOConfig(rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
+    old = compute_old_log_probs(tiny_model, batch, whole)
     assert not old.requires_grad and old.shape == batch.labels.shape
     assert torch.all(old[batch.response_mask] < 0)
+    for budget in (6, 8):
+        split = GRPOConfig(**{**whole.__dict__, "old_log_probs_microbatch_tokens": budget})
+        recomputed = compute_old_log_probs(tiny_model, batch, split)
+        torch.testing.assert_close(recomputed[batch.response_mask], old[batch.response_mask], rtol=0, atol=1e-6)
 
 
 def test_nonfinite_guard_skips_then_stops_naming_step_and_quantity():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from reasonrl import get_response_log_probs, tokenize_prompt_and_output
+from reasonrl.batching import sequence_lengths, split_microbatches
 from reasonrl.config import EIConfig, SFTConfig
 from reasonrl.data import GSM8KExample
 from reasonrl.expert_iteration import correct_pairs
@@ -63,9 +64,13 @@ UNEQUAL_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("microbatch_size", [1, 2, 4])
-def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatch_size):
-    """Whatever the microbatch split, one step's gradient is that of the batch's per-token mean NLL."""
+# Fixed microbatches of 1, 2 and 4 pairs, and token budgets: "3 short" fits the three short pairs together and leaves
+# the long one alone (microbatches of unequal row counts), and 4096 takes the batch whole.
+@pytest.mark.parametrize(
+    ("microbatch_size", "microbatch_tokens"), [(1, None), (2, None), (4, None), (4, "3 short"), (4, 4096)]
+)
+def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatch_size, microbatch_tokens):
+    """Whatever the microbatch split, one step's gradient is that of the batch's per-token mean NLL (fp32, 1e-6)."""
     from reasonrl.sft import load_policy
 
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
@@ -79,14 +84,22 @@ def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatc
     expected = [p.grad.detach().clone() for p in policy.parameters()]
     policy.zero_grad(set_to_none=True)
 
-    config = SFTConfig(batch_size=4, microbatch_size=microbatch_size, max_grad_norm=1e9)
+    if microbatch_tokens == "3 short":
+        rows = sequence_lengths(batch["response_mask"])
+        microbatch_tokens = 3 * sorted(rows)[-2]
+        parts = split_microbatches(range(4), rows, 4, microbatch_tokens)
+        assert [len(part) for part in parts] == [1, 3], (rows, parts)
+    config = SFTConfig(
+        batch_size=4, microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens, max_grad_norm=1e9
+    )
     recorder = GradientRecorder(policy.parameters(), lr=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(recorder, lambda step: 1.0)
     list(sft_steps(policy, tokenizer, recorder, schedule, UNEQUAL_PAIRS, config, epochs=1))
     flat_expected = torch.cat([g.flatten() for g in expected])
     flat_actual = torch.cat([g.flatten() for g in recorder.gradients])
     relative = ((flat_actual - flat_expected).norm() / flat_expected.norm()).item()
-    print(f"microbatch {microbatch_size}: response lengths {lengths}, relative gradient difference {relative:.2e}")
+    split = f"microbatch {microbatch_size}, {microbatch_tokens} tokens"
+    print(f"{split}: response lengths {lengths}, relative gradient difference {relative:.2e}")
     assert relative < 1e-6
 
 

@@ -27,7 +27,13 @@ LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
+GPU_MEMORY_UTILIZATION = {"colocate": 0.3, "split": 0.85}
+"""The engine's default share of its GPU per layout. ``split``: the engine has its GPU to itself. ``colocate``: while
+the engine is awake, the policy's weights and AdamW state (18.5 GB for the 1.5B model in ``mixed`` precision) stay
+on the same GPU; 0.3 leaves them room on an 80 GB card and still gives the engine a 20 GB KV cache (~700k tokens of
+Qwen2.5-1.5B)."""
 DTYPES = ("float32", "bfloat16", "float16")
+Precision = Literal["mixed", "bf16"]
 
 
 class ConfigError(UserError, ValueError):
@@ -42,6 +48,10 @@ def is_int(value: object) -> bool:
 def _require(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{name}: {message}")
+
+
+def _require_tokens(budget: int | None, name: str) -> None:
+    _require(budget is None or budget >= 1, name, f"must be a number of tokens ≥ 1 or null, got {budget}")
 
 
 @dataclass(frozen=True)
@@ -130,9 +140,10 @@ class EngineConfig:
     """Engine weight dtype: ``float32`` on CPU, ``bfloat16`` on GPU (vLLM's attention kernels want 16-bit there)."""
     seed: int = 0
     """Seeds the engine's sampler at start (``LLM(seed=...)``); ``generate(seed=...)`` reseeds a single call."""
-    gpu_memory_utilization: float = 0.85
-    """GPU layouts: the engine's share of its GPU (weights + KV cache). In ``colocate`` the policy, its gradients and
-    optimizer state must fit in the rest while the engine is awake: lower this for large policies."""
+    gpu_memory_utilization: float | None = None
+    """GPU layouts: the engine's share of its GPU (weights + KV cache); null = the layout's default
+    (``GPU_MEMORY_UTILIZATION``). In ``colocate`` the policy's weights and optimizer state must fit in the rest while
+    the engine is awake (the memory plan checks it before any model loads)."""
     enable_sleep: bool = True
     """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
     weights per step. Ignored by the other layouts."""
@@ -143,6 +154,13 @@ class EngineConfig:
     engine_device: str = "cuda:1"
     """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
 
+    @property
+    def engine_memory_fraction(self) -> float:
+        """The engine's share of its GPU: ``gpu_memory_utilization``, or the layout's default."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return GPU_MEMORY_UTILIZATION.get(self.layout, 0.0)
+
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_GPUS:
             raise ValueError(f"EngineConfig.layout must be one of {', '.join(LAYOUT_GPUS)}; got {self.layout!r}")
@@ -150,7 +168,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if not is_int(self.seed) or self.seed < 0:
             raise ValueError(f"EngineConfig.seed must be a non-negative integer; got {self.seed!r}")
-        if (
+        if self.gpu_memory_utilization is not None and (
             isinstance(self.gpu_memory_utilization, bool)
             or not isinstance(self.gpu_memory_utilization, int | float)
             or not 0.0 < self.gpu_memory_utilization <= 1.0
@@ -231,7 +249,14 @@ class SFTOptimization:
     batch_size: int = 32
     """Sequences per optimizer step (the effective batch)."""
     microbatch_size: int = 4
-    """Sequences per forward/backward; batch_size / microbatch_size = gradient accumulation steps."""
+    """Sequences per forward/backward when ``microbatch_tokens`` is null: batch_size / microbatch_size = gradient
+    accumulation steps."""
+    microbatch_tokens: int | None = None
+    """Token budget of one forward/backward: the step's sequences sorted by length fill each microbatch up to
+    rows × longest ≤ this (replaces ``microbatch_size``); null = fixed microbatches. The gradient is the same."""
+    precision: Precision = "mixed"
+    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
+    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold (global L2 norm)."""
     weight_decay: float = 0.0
@@ -251,6 +276,7 @@ class SFTOptimization:
         )
         _require(self.max_grad_norm > 0, f"{section}.max_grad_norm", "must be > 0")
         _require(self.weight_decay >= 0, f"{section}.weight_decay", "must be ≥ 0")
+        _require_tokens(self.microbatch_tokens, f"{section}.microbatch_tokens")
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -333,7 +359,17 @@ class GRPOConfig:
     train_batch_size: int = 256
     """Responses per optimizer step."""
     gradient_accumulation_steps: int = 128
-    """Microbatches per optimizer step: microbatch = train_batch_size / gradient_accumulation_steps."""
+    """Microbatches per optimizer step when ``microbatch_tokens`` is null: microbatch = train_batch_size /
+    gradient_accumulation_steps."""
+    microbatch_tokens: int | None = None
+    """Token budget of one forward/backward: the step's responses sorted by length fill each microbatch up to
+    rows × longest ≤ this (replaces gradient_accumulation_steps); null = fixed microbatches. Same gradient."""
+    old_log_probs_microbatch_tokens: int | None = None
+    """Token budget of the old-log-prob pass (no gradient, so it can be several times ``microbatch_tokens``);
+    null = the training microbatch size."""
+    precision: Precision = "mixed"
+    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
+    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
     loss_type: LossTypeName = "reinforce_with_baseline"
     """``no_baseline``: raw reward; ``reinforce_with_baseline``: group-normalised advantage; ``grpo_clip``:
     PPO-style clipped ratio (arXiv:1707.06347), safe off-policy; ``grpo_no_clip``: the unclipped ratio."""
@@ -379,6 +415,8 @@ class GRPOConfig:
         _require(0 < self.cliprange < 1, "grpo.cliprange", f"must be in (0, 1), got {self.cliprange}")
         _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "grpo.betas", "must be two in [0, 1)")
+        _require_tokens(self.microbatch_tokens, "grpo.microbatch_tokens")
+        _require_tokens(self.old_log_probs_microbatch_tokens, "grpo.old_log_probs_microbatch_tokens")
         # The handout's asserts, as errors that say which parameters conflict.
         _require(
             self.rollout_batch_size % self.group_size == 0,

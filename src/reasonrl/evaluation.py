@@ -105,15 +105,15 @@ def evaluate_checkpoints(
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
     ``examples`` with the prompt (and its reward function) it was trained with, ``prompt_names[name]``; one after
     another in the same engine, with identical sampling settings and seed. Each summary records its ``prompt``."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    from reasonrl.models import policy_dtype
-
     device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
+    dtype = getattr(torch, engine.config.dtype)  # the weights only pass through, into the engine
     full = dataclasses.replace(config, num_examples=None)
     results = {}
     for name, model_dir in model_dirs.items():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)
         del model
         result = evaluate(engine, examples, prompt_names[name], full, seed=seed)

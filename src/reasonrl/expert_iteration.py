@@ -51,17 +51,18 @@ def run_expert_iteration(
     skipped = 0
     for round_index in tqdm(range(1, config.n_steps + 1), desc="expert iteration", unit="round"):
         live.step = round_index
-        # Sample G answers per question from the current policy (the engine holds its weights).
+        # Sample G answers per question from the current policy, loaded into the engine for this phase.
         questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
         prompts = [format_prompt(template, example.question) for example in questions]
-        samples = engine.generate(
-            prompts,
-            n=config.num_rollouts,
-            temperature=config.temperature,
-            min_tokens=config.min_tokens,
-            max_tokens=config.max_tokens,
-            stop=eval_config.stop,
-        )
+        with engine.serving(policy):
+            samples = engine.generate(
+                prompts,
+                n=config.num_rollouts,
+                temperature=config.temperature,
+                min_tokens=config.min_tokens,
+                max_tokens=config.max_tokens,
+                stop=eval_config.stop,
+            )
         kept, solved = correct_pairs(questions, prompts, samples)
         lengths = [sample.length for group in samples for sample in group]
         live.log_metric("rollout/questions_with_correct", solved)
@@ -80,7 +81,7 @@ def run_expert_iteration(
             tqdm.write(f"expert iteration round {round_index}: no correct rollout among {len(lengths)}; skipped")
         live.log_metric("ei/skipped_rounds", skipped)
 
-        # Validate (this also syncs the new weights into the engine for the next round's sampling).
+        # Validate the round's weights.
         val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
         log_validation(live, val_metrics)
         best.offer(policy, val_metrics["accuracy"], round_index)

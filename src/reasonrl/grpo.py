@@ -1,9 +1,9 @@
 """GRPO with a verifiable reward (CS336 a5 Algorithm 3), on- or off-policy, resumable.
 
-One step: sample ``group_size`` answers to each of ``rollout_batch_size / group_size`` questions with the rollout
-engine → score them → group-normalised advantages → (off-policy losses) old log-probs, once, without gradient →
-``epochs_per_rollout_batch`` passes over the batch in optimizer steps of ``train_batch_size`` responses →
-sync the new weights into the engine. ``run_grpo`` reads top to bottom in that order.
+One step: load the policy's weights into the rollout engine and sample ``group_size`` answers to each of
+``rollout_batch_size / group_size`` questions (the engine sleeps again afterwards) → score them → group-normalised
+advantages → (off-policy losses) old log-probs, once, without gradient → ``epochs_per_rollout_batch`` passes over
+the batch in optimizer steps of ``train_batch_size`` responses. ``run_grpo`` reads top to bottom in that order.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import torch
 from tqdm import tqdm
 
 from reasonrl.atomic import atomic_directory
+from reasonrl.batching import sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.data import examples_digest
 from reasonrl.errors import UserError
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.loss_types import LOSS_TYPES
-from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
-from reasonrl.models import model_digest
+from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step
+from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
+    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollout import RolloutEngine, Sample
 
@@ -87,6 +88,8 @@ class RolloutBatch:
     reward_metadata: dict[str, float]
     response_lengths: list[int]
     """Generated tokens per response, a final EOS not counted (``response_mask`` does count it: it is trained on)."""
+    sequence_lengths: list[int]
+    """Training tokens per row (prompt and response, up to the last response label): what a microbatch pads to."""
 
 
 def sample_rollouts(
@@ -141,6 +144,7 @@ def score_rollouts(
         advantages=advantages,
         reward_metadata=reward_metadata,
         response_lengths=[sample.length for sample in samples],
+        sequence_lengths=sequence_lengths(tensors["response_mask"]),
     )
 
 
@@ -163,30 +167,39 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- training
-def microbatches(indices: list[int], size: int) -> list[list[int]]:
+def step_batches(indices: list[int], size: int) -> list[list[int]]:
+    """Consecutive slices of ``size`` indices: the rollout batch cut into optimizer steps."""
     return [indices[start : start + size] for start in range(0, len(indices), size)]
 
 
 def policy_log_probs(
-    policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], with_entropy: bool = False
+    policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], precision: Precision, with_entropy: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Log-probs of the sampled responses of ``rows``, trimmed to the rows' longest sequence."""
+    """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``."""
     device = next(policy.parameters()).device
-    width = int(batch.response_mask[rows].any(dim=0).nonzero().max()) + 1  # drop columns that are all padding
-    input_ids = batch.input_ids[rows, :width].to(device)  # [b, T]
-    labels = batch.labels[rows, :width].to(device)  # [b, T]
-    result = get_response_log_probs(policy, input_ids, labels, return_token_entropy=with_entropy)
+    tensors = {"input_ids": batch.input_ids, "labels": batch.labels, "response_mask": batch.response_mask}
+    trimmed = trim_to_rows(tensors, rows)  # [b, T]
+    with compute_precision(device, precision):
+        result = get_response_log_probs(
+            policy, trimmed["input_ids"].to(device), trimmed["labels"].to(device), return_token_entropy=with_entropy
+        )
+    width = trimmed["labels"].shape[1]
     return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
 
 
-def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, microbatch_size: int) -> torch.Tensor:
-    """π_old of every sampled token, ``[N, L]``, once per rollout batch and never differentiated."""
-    with torch.inference_mode():
-        parts = [
-            policy_log_probs(policy, batch, rows)["log_probs"].float().cpu()
-            for rows in microbatches(list(range(len(batch.responses))), microbatch_size)
-        ]
-    return torch.cat(parts)
+def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig) -> torch.Tensor:
+    """π_old of every sampled token, ``[N, L]``, once per rollout batch and never differentiated; in microbatches of
+    ``old_log_probs_microbatch_tokens`` (no activations are kept, so they can be large)."""
+    rows = list(range(len(batch.responses)))
+    parts = split_microbatches(
+        rows, batch.sequence_lengths, config.microbatch_size, config.old_log_probs_microbatch_tokens
+    )
+    old_log_probs = torch.zeros(batch.labels.shape)  # [N, L]
+    for part in parts:
+        with torch.inference_mode():
+            scored = policy_log_probs(policy, batch, part, config.precision)["log_probs"].float().cpu()
+        old_log_probs[part] = scored
+    return old_log_probs
 
 
 def accumulate_gradients(
@@ -197,17 +210,22 @@ def accumulate_gradients(
     config: GRPOConfig,
 ) -> dict[str, float]:
     """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
-    gradients are left in ``.grad``. Returns the step's loss, entropy and (ratio losses) clip fraction."""
+    gradients are left in ``.grad``. Returns the step's loss, entropy and (ratio losses) clip fraction.
+
+    A microbatch of ``b`` of the step's ``n`` sequences passes ``gradient_accumulation_steps = n / b``: its mean
+    per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
+    the step's sequences whatever the split. Entropy and clip fraction are means over the step's response tokens.
+    """
     device = next(policy.parameters()).device
-    parts = microbatches(rows, config.microbatch_size)
+    step_tokens = batch.response_mask[rows].sum().item()
     loss = entropy = clip_fraction = 0.0
-    for part in parts:
-        scored = policy_log_probs(policy, batch, part, with_entropy=True)
+    for part in split_microbatches(rows, batch.sequence_lengths, config.microbatch_size, config.microbatch_tokens):
+        scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True)
         mask = batch.response_mask[part].to(device)  # [b, L]
         step_loss, metadata = grpo_microbatch_train_step(
             scored["log_probs"],
             mask,
-            len(parts),
+            len(rows) / len(part),
             config.loss_type,
             raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
             advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
@@ -216,9 +234,10 @@ def accumulate_gradients(
             length_normalization=config.length_normalization,
             normalize_constant=config.max_tokens,
         )
+        share = mask.sum().item() / step_tokens  # of the step's response tokens
         loss += step_loss.item()
-        entropy += masked_mean(scored["token_entropy"], mask).item() / len(parts)
-        clip_fraction += metadata.get("clip_fraction", torch.tensor(0.0)).item() / len(parts)
+        entropy += (scored["token_entropy"] * mask).sum().item() / step_tokens
+        clip_fraction += metadata.get("clip_fraction", torch.tensor(0.0)).item() * share
     metrics = {"train/loss": loss, "train/entropy": entropy}
     if old_log_probs is not None:
         metrics["train/clip_fraction"] = clip_fraction
@@ -354,7 +373,11 @@ def run_grpo(
     :func:`fingerprint`). The checkpoints stay after a completed run: call :func:`remove_checkpoints` once the
     returned best and the final policy are saved."""
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=config.learning_rate, betas=tuple(config.betas), weight_decay=config.weight_decay
+        policy.parameters(),
+        lr=config.learning_rate,
+        betas=tuple(config.betas),
+        weight_decay=config.weight_decay,
+        fused=next(policy.parameters()).is_cuda,  # one kernel for all parameters (GPU-only)
     )
     best, state = BestCheckpoint(), TrainingState()
     run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val)
@@ -366,7 +389,6 @@ def run_grpo(
         tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
         shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
-    engine.sync_weights(policy)
 
     with open_live(state.step > 0) as live:
 
@@ -397,9 +419,10 @@ def run_grpo(
             started = time.perf_counter()
             step_seed = config.seed * 1_000_003 + step  # a pure function of (seed, step): resumes replay exactly
 
-            # Rollouts: a group of samples per question, from the engine.
+            # Rollouts: a group of samples per question, from the engine loaded with the current policy.
             questions = random.Random(step_seed).sample(train, min(config.questions_per_step, len(train)))
-            prompts, samples = sample_rollouts(engine, questions, config, eval_config.stop, step_seed)
+            with engine.serving(policy):
+                prompts, samples = sample_rollouts(engine, questions, config, eval_config.stop, step_seed)
             rolled = time.perf_counter()
 
             # Scoring: rewards, group-normalised advantages, training tensors.
@@ -412,7 +435,7 @@ def run_grpo(
                 old_log_probs = (
                     batch.engine_log_probs
                     if config.old_log_probs_from == "engine"
-                    else compute_old_log_probs(policy, batch, config.microbatch_size)
+                    else compute_old_log_probs(policy, batch, config)
                 )
             recomputed = time.perf_counter()
 
@@ -421,7 +444,7 @@ def run_grpo(
             for _ in range(config.epochs_per_rollout_batch):
                 order = list(range(len(batch.responses)))
                 order_rng.shuffle(order)
-                for rows in microbatches(order, config.train_batch_size):
+                for rows in step_batches(order, config.train_batch_size):
                     metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config)
                     checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
                     metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)
@@ -431,17 +454,13 @@ def run_grpo(
                         live.log_metric(name, value)
             trained = time.perf_counter()
 
-            # Sync: the engine samples the next step from the updated policy.
-            engine.sync_weights(policy)
-            synced = time.perf_counter()
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
-            state.elapsed_seconds += synced - started
+            state.elapsed_seconds += trained - started
             timings = {
-                "time/rollout_seconds": rolled - started,
+                "time/rollout_seconds": rolled - started,  # with waking the engine and loading the weights
                 "time/scoring_seconds": scored - rolled,
                 "time/old_log_prob_seconds": recomputed - scored,
                 "time/train_seconds": trained - recomputed,
-                "time/sync_seconds": synced - trained,
             }
             for name, value in timings.items():
                 live.log_metric(name, value)

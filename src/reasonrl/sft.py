@@ -1,7 +1,8 @@
 """Supervised fine-tuning: the inner loop that SFT (handout Algorithm 1) and expert iteration share.
 
-One optimizer step = ``batch_size`` sequences in microbatches of ``microbatch_size``, each through
-``sft_microbatch_train_step``; then gradient clipping, AdamW, the warm-up schedule. A step's loss is the per-token
+One optimizer step = ``batch_size`` sequences in microbatches (``microbatch_size`` sequences, or filled up to
+``microbatch_tokens``: see ``reasonrl.batching``), each through ``sft_microbatch_train_step``; then gradient
+clipping, AdamW, the warm-up schedule. A step's loss is the per-token
 mean negative log-likelihood over every response token of its batch (prompt and padding masked out): long responses
 weigh by their token count, as in ordinary LM training, and ``microbatch_size`` (a memory setting) does not change
 the gradient.
@@ -22,16 +23,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.atomic import atomic_directory
+from reasonrl.batching import sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.losses import sft_microbatch_train_step
-from reasonrl.models import policy_dtype
+from reasonrl.models import compute_precision, policy_dtype
 from reasonrl.tokenization import tokenize_prompt_and_output
 
 if TYPE_CHECKING:
     from dvclive import Live
 
-    from reasonrl.config import EvalConfig, SFTConfig, SFTOptimization
+    from reasonrl.config import EvalConfig, Precision, SFTConfig, SFTOptimization
     from reasonrl.data import GSM8KExample
     from reasonrl.rollout import RolloutEngine
 
@@ -45,9 +47,10 @@ class Pair:
 
 
 def load_policy(
-    model_dir: str | Path, device: torch.device, gradient_checkpointing: bool = False
+    model_dir: str | Path, device: torch.device, precision: Precision = "mixed", gradient_checkpointing: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device)).to(device)
+    """The policy on ``device`` in the dtype of ``precision`` (see :func:`reasonrl.models.policy_dtype`)."""
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device, precision)).to(device)
     if gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.config.use_cache = False
@@ -61,7 +64,10 @@ def make_optimizer(
     policy: torch.nn.Module, config: SFTOptimization, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW with a linear warm-up over ``warmup_ratio`` of ``total_steps``, then a constant learning rate."""
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    fused = next(policy.parameters()).is_cuda  # one kernel for all parameters (GPU-only: kept off the CPU's numerics)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused
+    )
     warmup = max(1, round(config.warmup_ratio * total_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     return optimizer, schedule
@@ -85,7 +91,6 @@ def sft_steps(
     """Train on ``pairs`` (shuffled each epoch with ``config.seed``); yield metrics after every optimizer step."""
     if not pairs:
         raise ValueError("no training pairs: an SFT run needs at least one")
-    device = next(policy.parameters()).device
     order_rng = random.Random(config.seed)
     total = count_steps(len(pairs), config.batch_size, epochs, max_steps)
     step = 0
@@ -97,28 +102,9 @@ def sft_steps(
                 return
             started = time.perf_counter()
             batch = [pairs[index] for index in order[start : start + config.batch_size]]
-            microbatches = [
-                tokenize_prompt_and_output([p.prompt for p in part], [p.response for p in part], tokenizer)
-                for part in (
-                    batch[offset : offset + config.microbatch_size]
-                    for offset in range(0, len(batch), config.microbatch_size)
-                )
-            ]
-            # Count the batch's response tokens before any backward: dividing each microbatch's summed NLL by that
-            # count makes the step's loss the per-token mean over the whole batch, whatever the microbatch split.
-            batch_tokens = sum(int(tensors["response_mask"].sum()) for tensors in microbatches)
-            loss_sum = entropy_sum = tokens = 0.0
-            for tensors in microbatches:
-                tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
-                mask = tensors["response_mask"]  # [b, T]
-                scores = get_response_log_probs(
-                    policy, tensors["input_ids"], tensors["labels"], return_token_entropy=True
-                )
-                per_sequence_constant = batch_tokens / (len(mask) * len(microbatches))
-                loss, _ = sft_microbatch_train_step(scores["log_probs"], mask, len(microbatches), per_sequence_constant)
-                loss_sum += loss.item()
-                entropy_sum += (scores["token_entropy"] * mask).sum().item() / batch_tokens
-                tokens += tensors["input_ids"].numel()
+            tensors = tokenize_prompt_and_output([p.prompt for p in batch], [p.response for p in batch], tokenizer)
+            metrics = accumulate_sft_gradients(policy, tensors, config)
+            tokens = metrics.pop("tokens")
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).item()
             learning_rate = schedule.get_last_lr()[0]
             optimizer.step()
@@ -126,13 +112,38 @@ def sft_steps(
             optimizer.zero_grad(set_to_none=True)
             step += 1
             seconds = time.perf_counter() - started
-            yield {
-                "train/loss": loss_sum,
+            yield metrics | {
                 "train/grad_norm": grad_norm,
-                "train/entropy": entropy_sum,
                 "train/learning_rate": learning_rate,
                 "time/tokens_per_second": tokens / seconds,
             }
+
+
+def accumulate_sft_gradients(
+    policy: PreTrainedModel, batch: dict[str, torch.Tensor], config: SFTOptimization
+) -> dict[str, float]:
+    """Backward through ``sft_microbatch_train_step`` for each microbatch of one optimizer step's ``batch`` (the
+    tensors of :func:`tokenize_prompt_and_output`); gradients are left in ``.grad``.
+
+    Each microbatch's summed NLL is divided by the batch's response-token count, so the step's loss is the per-token
+    mean over the whole batch whatever the split. Returns the loss, the token-weighted entropy and the tokens
+    processed (padding included).
+    """
+    device = next(policy.parameters()).device
+    rows = range(len(batch["input_ids"]))
+    lengths = sequence_lengths(batch["response_mask"])
+    batch_tokens = int(batch["response_mask"].sum())
+    loss_sum = entropy_sum = tokens = 0.0
+    for part in split_microbatches(rows, lengths, config.microbatch_size, config.microbatch_tokens):
+        tensors = {name: tensor.to(device) for name, tensor in trim_to_rows(batch, part).items()}
+        mask = tensors["response_mask"]  # [b, T]
+        with compute_precision(device, config.precision):
+            scores = get_response_log_probs(policy, tensors["input_ids"], tensors["labels"], return_token_entropy=True)
+        loss, _ = sft_microbatch_train_step(scores["log_probs"], mask, 1, normalize_constant=batch_tokens / len(part))
+        loss_sum += loss.item()
+        entropy_sum += (scores["token_entropy"] * mask).sum().item() / batch_tokens
+        tokens += tensors["input_ids"].numel()
+    return {"train/loss": loss_sum, "train/entropy": entropy_sum, "tokens": tokens}
 
 
 def save_policy(
@@ -169,9 +180,12 @@ def validate(
     prompt_name: str = "r1_zero",
     seed: int | None = None,
 ) -> EvalResult:
-    """Sync the policy into the engine and evaluate it on the first ``num_examples`` validation questions."""
-    engine.sync_weights(policy)
-    return evaluate(engine, val, prompt_name, dataclasses.replace(eval_config, num_examples=num_examples), seed=seed)
+    """Evaluate the policy on the first ``num_examples`` validation questions, in a generation phase of the engine
+    (woken, loaded with the policy's weights, put back to sleep)."""
+    with engine.serving(policy):
+        return evaluate(
+            engine, val, prompt_name, dataclasses.replace(eval_config, num_examples=num_examples), seed=seed
+        )
 
 
 def log_validation(live: Live, metrics: dict[str, Any]) -> None:
@@ -198,6 +212,7 @@ def run_sft(
     total = count_steps(len(pairs), config.batch_size, config.epochs, config.max_steps)
     optimizer, schedule = make_optimizer(policy, config, total)
     best = BestCheckpoint()
+    engine.sleep()  # training comes first; validate() wakes the engine for each evaluation
     steps = sft_steps(policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps)
     for step, metrics in enumerate(tqdm(steps, total=total, desc="sft", unit="step"), start=1):
         live.step = step
