@@ -143,6 +143,32 @@ def test_bfloat16_model_gives_float32_log_probs(tiny_model, padded_batch):
     assert model.lm_head.weight.grad.dtype == torch.bfloat16
 
 
+def test_mixed_precision_computes_in_bf16_and_keeps_fp32_gradients(tiny_model, padded_batch):
+    """``mixed`` precision: fp32 weights under bf16 autocast. The chunked head runs its matmuls in bf16 forward and
+    backward, like autocast's own path, and the gradients land in fp32 on the fp32 weights."""
+    model = copy.deepcopy(tiny_model)
+    input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lean = get_response_log_probs(model, input_ids, labels, chunk_size=3)["log_probs"]
+        logits = model(input_ids).logits  # [B, T, V]
+    assert lean.dtype == torch.float32 and logits.dtype == torch.bfloat16
+    naive = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    full_precision, _ = naive_log_probs(model, input_ids, labels)
+    bf16_error = (naive - full_precision).abs().max().item()
+    lean_error = (lean - naive).abs().max().item()
+    print(f"log-prob error of bf16 autocast vs fp32 {bf16_error:.1e}; chunked vs autocast's own path {lean_error:.1e}")
+    assert bf16_error > 1e-4  # autocast did compute in bf16
+    assert lean_error < 1e-5
+
+    lean_grads = parameter_grads(model, masked_mean(lean, mask))
+    naive_grads = parameter_grads(model, masked_mean(naive, mask))
+    assert all(grad.dtype == torch.float32 for grad in lean_grads.values())
+    for name, grad in naive_grads.items():
+        relative = ((lean_grads[name] - grad).norm() / grad.norm()).item()
+        print(f"{name}: relative gradient difference {relative:.1e}")
+        assert relative < 1e-2, (name, relative)
+
+
 def test_chunk_size_must_be_positive(tiny_model, padded_batch):
     with pytest.raises(ValueError, match="chunk_size"):
         get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], chunk_size=0)

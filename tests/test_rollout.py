@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,10 +107,20 @@ def test_default_engine_config_is_valid():
 
 
 @pytest.mark.slow
-def test_cpu_layout_devices_and_sleep_are_no_ops(engine, tiny_model):
+def test_an_asleep_engine_refuses_work_until_a_generation_phase_wakes_it(engine, tiny_model):
     engine.sync_weights(tiny_model)
     assert engine.policy_device() == torch.device("cpu")
     engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(PROMPTS[:1], max_tokens=2)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.sync_weights(tiny_model)
+    with engine.serving(tiny_model):
+        assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
+    assert engine.asleep
+    with pytest.raises(KeyError, match="a failed phase"), engine.serving():
+        raise KeyError("a failed phase")
+    assert engine.asleep, "a failed phase must still put the engine to sleep"
     engine.wake_up()
     assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
 
@@ -222,6 +234,27 @@ def test_seed_reproduces_samples(engine, tiny_model):
     assert token_ids(again) == token_ids(first)
     assert token_ids(other) != token_ids(first)
     assert len({tuple(s.token_ids) for s in first[0]}) == 4, "the n samples of one prompt should differ"
+
+
+@pytest.mark.slow
+def test_a_seeded_call_seeds_numpy_and_random_too_and_restores_the_callers(engine):
+    """vLLM's default GPU model runner draws each request's seed from numpy's global generator: a seeded call must
+    seed numpy (and ``random``) as it seeds torch, and the caller's generators must come back as they were."""
+
+    def draws(seed):
+        with engine._seeded(seed):
+            return np.random.randint(0, 2**31, size=4).tolist(), random.random(), torch.rand(2).tolist()
+
+    np.random.seed(5)
+    random.seed(5)
+    expected = np.random.rand(3).tolist(), random.random()
+    np.random.seed(5)
+    random.seed(5)
+    seven, seven_again, eight = draws(7), draws(7), draws(8)
+    stream, stream_continued = draws(None), draws(None)
+    assert (np.random.rand(3).tolist(), random.random()) == expected, "the caller's generators moved"
+    assert seven == seven_again and seven != eight
+    assert stream != stream_continued, "unseeded calls continue the engine's own stream"
 
 
 # -- log-probs and weight sync ------------------------------------------------------------------------------------

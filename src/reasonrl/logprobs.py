@@ -110,8 +110,12 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         log_probs = hidden.new_empty(rows, dtype=torch.float32)  # [N]
         log_normalizer = hidden.new_empty(rows, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(rows if with_entropy else 0, dtype=torch.float32)  # [N] or [0]
+        # Under autocast (``mixed`` precision) the matmuls run in its dtype, in backward too, which autocast does not
+        # reach: the weights are cast once per call, not once per chunk.
+        ctx.compute_dtype = _compute_dtype(hidden, weight)
+        weight_c, bias_c = _cast(weight, ctx.compute_dtype), _cast(bias, ctx.compute_dtype)
         for rows_slice in _chunks(rows, chunk_size):
-            logits = _logits(hidden[rows_slice], weight, bias)  # [C, V]
+            logits = _logits(hidden[rows_slice].to(ctx.compute_dtype), weight_c, bias_c)  # [C, V]
             chunk_labels = labels[rows_slice].unsqueeze(-1)  # [C, 1]
             log_normalizer[rows_slice] = torch.logsumexp(logits, dim=-1)
             log_probs[rows_slice] = logits.gather(-1, chunk_labels).squeeze(-1) - log_normalizer[rows_slice]
@@ -133,18 +137,20 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # [V, H]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None  # [V]
         grad_log_probs = grad_log_probs.float()  # [N]
+        compute_dtype = ctx.compute_dtype
+        weight_c, bias_c = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
         for rows_slice in _chunks(hidden.shape[0], ctx.chunk_size):
-            chunk_hidden = hidden[rows_slice]  # [C, H]
+            chunk_hidden = hidden[rows_slice].to(compute_dtype)  # [C, H]
             chunk_grad = grad_log_probs[rows_slice].unsqueeze(-1)  # [C, 1]
-            grad_logits = _logits(chunk_hidden, weight, bias)  # [C, V], recomputed
+            grad_logits = _logits(chunk_hidden, weight_c, bias_c)  # [C, V], recomputed
             grad_logits.sub_(log_normalizer[rows_slice].unsqueeze(-1)).exp_().mul_(-chunk_grad)  # -g * softmax
             grad_logits.scatter_add_(-1, labels[rows_slice].unsqueeze(-1), chunk_grad)  # + g * onehot(label)
             if need_bias:
                 grad_bias += grad_logits.sum(dim=0)
-            grad_logits = grad_logits.to(weight.dtype)
+            grad_logits = grad_logits.to(compute_dtype)
             if need_hidden:
-                grad_hidden[rows_slice] = grad_logits @ weight
-            if need_weight and weight.dtype == torch.float32:
+                grad_hidden[rows_slice] = grad_logits @ weight_c
+            if need_weight and compute_dtype == torch.float32:
                 grad_weight.addmm_(grad_logits.T, chunk_hidden)
             elif need_weight:
                 grad_weight += grad_logits.T @ chunk_hidden  # 16-bit matmul, float32 sum
@@ -153,6 +159,16 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         if need_bias:
             grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run the output layer in: its own when it is on for this device, else the weight's."""
+    device_type = hidden.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+
+
+def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(dtype)
 
 
 def _chunks(rows: int, chunk_size: int) -> list[slice]:

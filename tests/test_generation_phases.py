@@ -1,0 +1,94 @@
+"""The training loops generate only inside the engine's generation phases and train only while it sleeps.
+
+In ``colocate`` that is what frees the engine's GPU memory for training; here (CPU) sleeping frees nothing, but the
+engine keeps the same awake/asleep state and refuses to generate while asleep, so these runs check the loops' order:
+every policy forward (training and old log-probs) sees a sleeping engine, and every sample comes from a woken one.
+"""
+
+import pytest
+import torch
+
+from reasonrl.cli import open_live
+from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig
+from reasonrl.data import parse_lines
+from reasonrl.expert_iteration import run_expert_iteration
+from reasonrl.grpo import run_grpo
+from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import Pair, load_policy, run_sft
+from reasonrl.synthetic import arithmetic_lines
+
+pytestmark = pytest.mark.slow
+EVAL = EvalConfig(max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return parse_lines(arithmetic_lines(16, seed=0, max_steps=1, max_value=9), "arithmetic")
+
+
+class PhaseRecorder:
+    """Records, for every forward pass of the policy, whether the engine was asleep; counts the engine's wakes."""
+
+    def __init__(self, engine: RolloutEngine, policy: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.engine, self.asleep_at_forward, self.wakes = engine, [], 0
+        # The decoder: the log-prob path runs it directly, not through the causal-LM wrapper.
+        hook = lambda module, args: self.asleep_at_forward.append(engine.asleep)  # noqa: E731
+        policy.get_decoder().register_forward_pre_hook(hook)
+        wake_up = engine.wake_up
+
+        def counting_wake_up(policy=None):
+            self.wakes += 1
+            wake_up(policy)
+
+        monkeypatch.setattr(engine, "wake_up", counting_wake_up)
+
+    def check(self, expected_wakes: int) -> None:
+        assert self.asleep_at_forward and all(self.asleep_at_forward), "the policy ran while the engine was awake"
+        assert self.wakes == expected_wakes
+        assert self.engine.asleep, "a loop left the engine awake"
+
+
+def test_sft_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    recorder = PhaseRecorder(engine, policy, monkeypatch)
+    template = load_prompt("r1_zero")
+    pairs = [
+        Pair(format_prompt(template, p.question), f" {p.reasoning} </think> <answer> {p.answer} </answer>")
+        for p in problems
+    ]
+    config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2)
+    with open_live(str(tmp_path / "live")) as live:
+        run_sft(policy, tokenizer, pairs, config, engine, problems[:2], EVAL, live)
+    recorder.check(expected_wakes=2)  # validation after steps 2 and 4
+
+
+def test_expert_iteration_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    recorder = PhaseRecorder(engine, policy, monkeypatch)
+    config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
+    # A round whose rollouts are all wrong trains on nothing: make every round keep its pairs by rewarding anything.
+    monkeypatch.setattr("reasonrl.expert_iteration.r1_zero_reward_fn", lambda response, truth: {"reward": 1.0})
+    with open_live(str(tmp_path / "live")) as live:
+        run_expert_iteration(policy, tokenizer, engine, problems, problems[:2], config, EVAL, live)
+    recorder.check(expected_wakes=4)  # each round: sampling, then validation
+
+
+def test_grpo_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    recorder = PhaseRecorder(engine, policy, monkeypatch)
+    config = GRPOConfig(
+        n_grpo_steps=2, rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2,
+        loss_type="grpo_clip", max_tokens=8, eval_every=2, eval_examples=2, checkpoint_every=100,
+    )  # fmt: skip
+    run_grpo(
+        policy, tokenizer, engine, problems, problems[:2], config, EVAL,
+        open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
+        checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
+    )  # fmt: skip
+    recorder.check(expected_wakes=4)  # validation at steps 0 and 2, rollouts at steps 0 and 1
