@@ -11,8 +11,9 @@ the activations of one microbatch, and in ``colocate`` the rollout engine's shar
 Activations per token of a decoder layer are ``(10·hidden + 4·intermediate) × 2`` bytes (bf16; × 1.25 for ``mixed``,
 whose residual stream and norms stay fp32), or ``hidden × 2`` with gradient checkpointing, which keeps only each
 layer's input and recomputes one layer at a time. Calibrated against one H200 (Qwen2.5-Math-1.5B's shape, bf16,
-one GRPO step of 256 responses): 8k-token microbatches 35.9 GB planned / 35 GB measured, 16k 59.4 / 57, 16k with
-checkpointing 15.5 / 15.5. ``mixed`` is not measured yet: its factor is an estimate.
+one GRPO step of 256 responses, reserve not counted): 8k-token microbatches 36.4 GB planned / 35 GB measured, 16k
+59.9 / 57, 16k with checkpointing 16.0 / 15.5 (``tests/test_memory.py``). ``mixed`` is not measured yet: its
+activation factor is an estimate.
 """
 
 from __future__ import annotations
