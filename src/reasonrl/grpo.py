@@ -244,6 +244,16 @@ def accumulate_gradients(
     return metrics
 
 
+def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        policy.parameters(),
+        lr=config.learning_rate,
+        betas=tuple(config.betas),
+        weight_decay=config.weight_decay,
+        fused=next(policy.parameters()).is_cuda,  # one kernel for all parameters (GPU-only)
+    )
+
+
 def optimizer_step(
     policy: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -372,13 +382,7 @@ def run_grpo(
     """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made from the same inputs (see
     :func:`fingerprint`). The checkpoints stay after a completed run: call :func:`remove_checkpoints` once the
     returned best and the final policy are saved."""
-    optimizer = torch.optim.AdamW(
-        policy.parameters(),
-        lr=config.learning_rate,
-        betas=tuple(config.betas),
-        weight_decay=config.weight_decay,
-        fused=next(policy.parameters()).is_cuda,  # one kernel for all parameters (GPU-only)
-    )
+    optimizer = make_optimizer(policy, config)
     best, state = BestCheckpoint(), TrainingState()
     run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val)
     last = find_last_checkpoint(checkpoint_dir)

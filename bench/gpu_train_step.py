@@ -1,0 +1,257 @@
+"""Seconds, tokens/s, MFU and peak memory of the training half of a full-scale step, through the loops' own functions.
+
+A random-weight model of Qwen2.5-Math-1.5B's shape is built from a ``Qwen2Config`` (no download: hidden 1536, 28
+layers, 12 heads / 2 KV heads, MLP 8960, vocabulary 151,936, tied embeddings), and fed the RL shape: 256 responses of
+160 prompt tokens + 120–600 response tokens (uniform, seeded), 132k tokens. Per setting it times
+
+- one GRPO optimizer step over the 256 responses: ``reasonrl.grpo.accumulate_gradients`` + ``optimizer_step`` with
+  ``make_optimizer``'s AdamW (on-policy ``reinforce_with_baseline``), as ``run_grpo`` calls them;
+- the old-log-prob pass over the same responses: ``reasonrl.grpo.compute_old_log_probs``;
+- one SFT optimizer step over 32 of them: ``reasonrl.sft.accumulate_sft_gradients`` + clipping + AdamW.
+
+Settings: the handout's (pure bf16, fixed microbatches of 2), bf16 with token-budget microbatches, and the new
+defaults (``mixed`` precision: fp32 master weights under bf16 autocast, token budget ``--microbatch-tokens``). Each
+runs one untimed warm-up step, then ``--steps`` timed ones (median). MFU counts 6 FLOPs per parameter and real
+(unpadded) token for a training step, 2 for the old-log-prob pass, against ``--peak-tflops`` (dense bf16 of the GPU:
+989 for an H100/H200). Peak memory is ``torch.cuda.max_memory_allocated`` per setting.
+
+Imports no vLLM, so it runs on a bare GPU machine with torch and transformers and no network::
+
+    PYTHONPATH=src python3 bench/gpu_train_step.py                  # the 1.5B shape on cuda:0 (a few minutes)
+    PYTHONPATH=src python3 bench/gpu_train_step.py --shape small --device cpu --peak-tflops 1   # CI smoke run
+
+The last line is the headline: the defaults' GRPO-step MFU and their speed-up over the handout's microbatches,
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from reasonrl.batching import sequence_lengths
+from reasonrl.config import GRPOConfig, SFTConfig
+from reasonrl.grpo import (
+    NonFiniteGuard,
+    RolloutBatch,
+    accumulate_gradients,
+    compute_old_log_probs,
+    make_optimizer,
+    optimizer_step,
+)
+from reasonrl.models import policy_dtype
+from reasonrl.sft import accumulate_sft_gradients
+from reasonrl.sft import make_optimizer as make_sft_optimizer
+from reasonrl.tokenization import batch_from_token_ids
+
+SHAPES = {
+    "qwen2.5-1.5b": dict(
+        vocab_size=151_936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+        intermediate_size=8960, tie_word_embeddings=True, rope_theta=10_000.0, max_position_embeddings=4096,
+    ),
+    "small": dict(
+        vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=512, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
+}  # fmt: skip
+PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
+"""Dense bf16 tensor-core peak by GPU name (NVIDIA datasheets)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    precision: str
+    microbatch_size: int
+    microbatch_tokens: int | None
+    old_log_probs_microbatch_tokens: int | None
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--responses", type=int, default=256, help="responses per GRPO step (32 per SFT step)")
+    parser.add_argument("--prompt-tokens", type=int, default=160)
+    parser.add_argument("--response-tokens", type=int, nargs=2, default=(120, 600), metavar=("MIN", "MAX"))
+    parser.add_argument("--microbatch-tokens", type=int, default=8192, help="training token budget of the defaults")
+    parser.add_argument("--old-log-probs-microbatch-tokens", type=int, default=65536)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per measurement (after one warm-up)")
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
+    return parser.parse_args()
+
+
+def peak_tflops(device: torch.device, given: float | None) -> float:
+    if given is not None:
+        return given
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    for key, value in PEAK_TFLOPS.items():
+        if key in name:
+            return value
+    raise SystemExit(f"no known bf16 peak for {name!r}: pass --peak-tflops")
+
+
+def build_policy(shape: str, device: torch.device, precision: str, checkpointing: bool) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPES[shape], attn_implementation="sdpa", use_cache=False)
+    with torch.device(device):
+        policy = Qwen2ForCausalLM(config).to(policy_dtype(device, precision))
+    if checkpointing:
+        policy.gradient_checkpointing_enable()
+    return policy.train()
+
+
+def rollout_batch(args: argparse.Namespace, vocab_size: int) -> RolloutBatch:
+    """``--responses`` random responses of seeded random lengths after random prompts, with random advantages."""
+    rng = random.Random(0)
+    low, high = args.response_tokens
+    prompts = [[rng.randrange(vocab_size) for _ in range(args.prompt_tokens)] for _ in range(args.responses)]
+    responses = [[rng.randrange(vocab_size) for _ in range(rng.randint(low, high))] for _ in range(args.responses)]
+    tensors = batch_from_token_ids(prompts, responses, pad_token_id=0)
+    advantages = torch.randn(args.responses, generator=torch.Generator().manual_seed(0))
+    return RolloutBatch(
+        prompts=[""] * args.responses,
+        responses=[""] * args.responses,
+        ground_truths=[""] * args.responses,
+        **tensors,
+        engine_log_probs=None,
+        raw_rewards=(advantages > 0).float(),
+        advantages=advantages,
+        reward_metadata={},
+        response_lengths=[len(r) for r in responses],
+        sequence_lengths=sequence_lengths(tensors["response_mask"]),
+    )
+
+
+def timed(function: Callable[[], None], device: torch.device, steps: int) -> tuple[float, float]:
+    """Median seconds of ``steps`` calls after one warm-up call, and the peak memory (GiB; 0 off CUDA)."""
+    function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        function()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - started)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    return statistics.median(seconds), peak
+
+
+def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, steps: int) -> tuple[float, float]:
+    """One optimizer step over the whole batch, as ``run_grpo`` takes it; the optimizer lives for this measurement."""
+    optimizer, guard = make_optimizer(policy, config), NonFiniteGuard(limit=10**9)
+    rows = list(range(len(batch.responses)))
+
+    def step() -> None:
+        accumulate_gradients(policy, batch, rows, None, config)
+        optimizer_step(policy, optimizer, config, guard, 0, {})
+
+    return timed(step, device, steps)
+
+
+def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, device, steps: int) -> tuple[float, float]:
+    """One optimizer step as ``sft_steps`` takes it, on already tokenized tensors."""
+    optimizer, _ = make_sft_optimizer(policy, config, total_steps=10)
+
+    def step() -> None:
+        accumulate_sft_gradients(policy, batch, config)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return timed(step, device, steps)
+
+
+def measure(args: argparse.Namespace, setting: Setting, device: torch.device, peak: float) -> dict[str, float]:
+    """MFU of the GRPO step, the old-log-prob pass and the SFT step in one setting (each line printed)."""
+    policy = build_policy(args.shape, device, setting.precision, args.gradient_checkpointing)
+    parameters = sum(p.numel() for p in policy.parameters())
+    batch = rollout_batch(args, policy.config.vocab_size)
+    tokens = sum(batch.sequence_lengths)
+    grpo = GRPOConfig(
+        rollout_batch_size=args.responses,
+        group_size=8,
+        train_batch_size=args.responses,
+        gradient_accumulation_steps=args.responses // setting.microbatch_size,
+        microbatch_tokens=setting.microbatch_tokens,
+        old_log_probs_microbatch_tokens=setting.old_log_probs_microbatch_tokens,
+        precision=setting.precision,
+        learning_rate=1e-6,
+    )
+    results = {}
+    seconds, memory = time_grpo_step(policy, batch, grpo, device, args.steps)
+    results["grpo"] = report("grpo step", setting, seconds, tokens, 6 * parameters * tokens, peak, memory)
+    seconds, memory = timed(lambda: compute_old_log_probs(policy, batch, grpo), device, args.steps)
+    results["old"] = report("old log-probs", setting, seconds, tokens, 2 * parameters * tokens, peak, memory)
+
+    sft_rows = list(range(min(32, args.responses)))
+    sft_batch = {
+        "input_ids": batch.input_ids[sft_rows],
+        "labels": batch.labels[sft_rows],
+        "response_mask": batch.response_mask[sft_rows],
+    }
+    sft = SFTConfig(
+        batch_size=len(sft_rows),
+        microbatch_size=setting.microbatch_size,
+        microbatch_tokens=setting.microbatch_tokens,
+        precision=setting.precision,
+        learning_rate=1e-6,
+    )
+    sft_tokens = sum(batch.sequence_lengths[row] for row in sft_rows)
+    seconds, memory = time_sft_step(policy, sft_batch, sft, device, args.steps)
+    results["sft"] = report("sft step", setting, seconds, sft_tokens, 6 * parameters * sft_tokens, peak, memory)
+    return results
+
+
+def report(what: str, setting: Setting, seconds: float, tokens: int, flops: float, peak: float, memory: float) -> float:
+    mfu = flops / seconds / (peak * 1e12)
+    print(
+        f"{what:<14} {setting.name:<34} {seconds:7.2f} s  {tokens / seconds / 1e3:7.1f}k tok/s  "
+        f"MFU {100 * mfu:5.1f}%  peak {memory:5.1f} GiB",
+        flush=True,
+    )
+    return mfu
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    peak = peak_tflops(device, args.peak_tflops)
+    budget, old_budget = args.microbatch_tokens, args.old_log_probs_microbatch_tokens
+    settings = [
+        Setting("handout: bf16, microbatches of 2", "bf16", 2, None, None),
+        Setting(f"bf16, {budget}-token microbatches", "bf16", 2, budget, old_budget),
+        Setting(f"defaults: mixed, {budget}-token", "mixed", 2, budget, old_budget),
+    ]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(
+        f"gpu_train_step: {args.shape} shape on {name} ({args.device}), {args.responses} responses of "
+        f"{args.prompt_tokens} + {args.response_tokens[0]}-{args.response_tokens[1]} tokens, peak {peak} TFLOP/s, "
+        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, median of {args.steps} steps"
+        + ("" if device.type == "cuda" else " (off CUDA every precision trains in fp32)")
+    )
+    results = {}
+    for setting in settings:
+        results[setting.name] = measure(args, setting, device, peak)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the next setting's peak is its own
+    handout, bf16, defaults = (results[setting.name]["grpo"] for setting in settings)
+    print(
+        f"gpu_train_step: GRPO step MFU {100 * defaults:.1f}% at the defaults ({settings[-1].name}; bf16 "
+        f"{100 * bf16:.1f}%), {defaults / handout:.2f}x the speed of the handout's microbatches of 2"
+    )  # MFU ratio = speed ratio: the same FLOPs
+
+
+if __name__ == "__main__":
+    main()
