@@ -4,23 +4,28 @@ sleeps while the policy trains) and ``split`` (engine on cuda:1, policy on cuda:
 Needs the CUDA ``vllm`` package (``pip install -e '.[gpu]'``); the CPU path is covered by ``tests/test_rollout.py``.
 Each layout runs in its own subprocess (one in-process vLLM engine per process) on the tiny Qwen2 built here, and:
 
-1. starts the engine and checks where its memory went (``split``: cuda:1, not cuda:0);
+1. starts the engine and checks where its memory went (``split``: cuda:1, not cuda:0) and (``split``) that the
+   current CUDA device is the policy's cuda:0 again;
 2. generates: ``n`` samples per prompt, per-prompt lengths honoured;
-3. reruns a seeded ``generate`` and checks the samples repeat;
-4. (``colocate``) ``sleep()``: checks the engine's memory comes back to cuda:0, then ``wake_up()``;
-5. adds noise to the policy's (tied) embedding only, ``sync_weights``, and compares the engine with the HF policy on
-   ``policy_device()``: greedy continuations token for token (``float32``; ``bfloat16`` reports the agreement only,
-   as two kernels' rounding can flip near-ties) and the log-probs of sampled tokens (max |diff| below 1e-3 in
-   ``float32``, 0.1 in ``bfloat16``). A stale output layer would be off by tens of nats.
+3. reruns a seeded ``generate`` after other calls and another numpy seed (vLLM's default GPU model runner seeds each
+   request from numpy) and checks the samples repeat, and that ``generate`` leaves the caller's numpy state alone;
+4. adds noise to the policy's (tied) embedding only, ``sleep()`` (``colocate``: checks the engine's memory comes back
+   to cuda:0), then ``wake_up(policy)``, which loads the new weights between waking the weights and the KV cache;
+5. compares the engine with the HF policy on ``policy_device()``: greedy continuations token for token (``float32``;
+   ``bfloat16`` reports the agreement only, as two kernels' rounding can flip near-ties) and the log-probs of sampled
+   tokens (max |diff| below 1e-3 in ``float32``, 0.1 in ``bfloat16``).
+   A stale output layer would be off by tens of nats.
 
-Expected output on a machine with two GPUs (numbers vary)::
+Expected output on a machine with two GPUs (illustrative: no GPU with vLLM has run this script yet)::
 
     colocate: engine started on cuda:0 in 25.3 s (float32)
     colocate: ok   generate: 3 prompts x 4 samples, per-prompt lengths honoured
-    colocate: ok   seeded generate repeats its samples
-    colocate: ok   sleep() released 41.9 GiB of cuda:0 (engine share 42.3 GiB), wake_up() took 41.9 GiB back
+    colocate: ok   seeded generate repeats its samples (after other calls and another numpy seed)
+    colocate: ok   generate leaves numpy's state as it was
+    colocate: ok   sleep() released 41.9 GiB of cuda:0 (engine share 42.3 GiB), wake_up(policy) took 41.9 GiB back
     colocate: ok   greedy after sync == HF greedy, 3/3 prompts, 96/96 tokens
     colocate: ok   sampled-token log-probs after sync: max |engine - HF| 2.1e-06
+    colocate: ok   a generation phase ends asleep (1.2 GiB in use)
     colocate: PASS
     split: engine started on cuda:1 in 24.8 s (float32)
     split: ok   engine memory on cuda:1: 117.9 GiB, on cuda:0: 0.0 GiB
@@ -41,6 +46,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 
 LAYOUTS = ("colocate", "split")
@@ -172,6 +178,7 @@ def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
                 grown[engine_index] > 1.0 and grown[0] < 1.0,
                 f"engine memory on cuda:{engine_index}: {grown[engine_index]:.1f} GiB, on cuda:0: {grown[0]:.1f} GiB",
             )
+            checks.check(torch.cuda.current_device() == 0, "the current CUDA device is the policy's cuda:0 again")
         device = engine.policy_device()
         policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
 
@@ -185,29 +192,36 @@ def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
         )
         first = engine.generate(PROMPTS, n=4, max_tokens=24, seed=11)
         engine.generate(PROMPTS[:1], max_tokens=8)
+        np.random.seed(1234)  # vLLM's default GPU model runner seeds requests from numpy: the caller's must not matter
         again = engine.generate(PROMPTS, n=4, max_tokens=24, seed=11)
         same = [[s.token_ids for s in p] for p in first] == [[s.token_ids for s in p] for p in again]
-        checks.check(same, "seeded generate repeats its samples")
+        checks.check(same, "seeded generate repeats its samples (after other calls and another numpy seed)")
+        np.random.seed(1234)
+        caller_numpy = np.random.get_state()[1].copy()
+        engine.generate(PROMPTS, n=2, max_tokens=8)
+        engine.generate(PROMPTS, n=2, max_tokens=8, seed=5)
+        checks.check(np.array_equal(np.random.get_state()[1], caller_numpy), "generate leaves numpy's state as it was")
 
-        # -- sleep while the policy "trains" (an embedding-only change: the tied-weights trap) -----------------
-        if layout == "colocate":
-            awake = used_gib(0)
-            engine.sleep()
-            asleep = used_gib(0)
-            share = gpu_memory_utilization * torch.cuda.mem_get_info(0)[1] / 2**30
-            engine.wake_up()
-            woken = used_gib(0)
-            checks.check(
-                awake - asleep > 0.5 * share and woken - asleep > 0.5 * share,
-                f"sleep() released {awake - asleep:.1f} GiB of cuda:0 (engine share {share:.1f} GiB), "
-                f"wake_up() took {woken - asleep:.1f} GiB back",
-            )
+        # -- sleep while the policy "trains" (an embedding-only change: the tied-weights trap), wake with it -----
         trained = copy.deepcopy(policy)
         generator = torch.Generator(device=device).manual_seed(0)
         with torch.no_grad():
             weight = trained.model.embed_tokens.weight  # [V, d], tied to lm_head
             weight.add_(0.05 * torch.randn(weight.shape, generator=generator, device=device, dtype=weight.dtype))
-        engine.sync_weights(trained)
+        awake = used_gib(0)
+        engine.sleep()
+        asleep = used_gib(0)
+        engine.wake_up(trained)  # the training loops' order: wake the weights, load the policy's, wake the KV cache
+        woken = used_gib(0)
+        if layout == "colocate":
+            share = gpu_memory_utilization * torch.cuda.mem_get_info(0)[1] / 2**30
+            checks.check(
+                awake - asleep > 0.5 * share and woken - asleep > 0.5 * share,
+                f"sleep() released {awake - asleep:.1f} GiB of cuda:0 (engine share {share:.1f} GiB), "
+                f"wake_up(policy) took {woken - asleep:.1f} GiB back",
+            )
+        else:
+            checks.check(abs(awake - asleep) < 0.5, "sleep() leaves cuda:0 alone (the engine lives on its own GPU)")
 
         # -- compare with the HF policy ------------------------------------------------------------------------
         greedy = engine.generate(PROMPTS, temperature=0.0, min_tokens=GREEDY_TOKENS, max_tokens=GREEDY_TOKENS, stop=())
@@ -235,6 +249,12 @@ def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
         checks.check(
             max_diff < LOGPROB_TOLERANCE[dtype], f"sampled-token log-probs after sync: max |engine - HF| {max_diff:.1e}"
         )
+        with engine.serving(trained):
+            engine.generate(PROMPTS, n=2, max_tokens=8)
+        if layout == "colocate":
+            checks.check(used_gib(0) < asleep + 0.5, f"a generation phase ends asleep ({used_gib(0):.1f} GiB in use)")
+        else:
+            checks.check(torch.cuda.current_device() == 0, "the current CUDA device is still cuda:0 after generating")
     checks.info("PASS" if checks.failures == 0 else f"FAIL ({checks.failures} checks)")
     return 1 if checks.failures else 0
 
