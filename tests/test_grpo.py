@@ -36,6 +36,7 @@ def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBat
         reward_metadata={},
         response_lengths=[len(ids) for ids in response_ids],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
+        truncated=torch.tensor([False] * 4),
     )
 
 
@@ -103,6 +104,33 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
     for name, parameter in tiny_model.named_parameters():
         assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
     tiny_model.zero_grad()
+
+
+def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model):
+    batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
+    batch.truncated = torch.tensor([False, True, False, True])
+    config = GRPOConfig(
+        rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True
+    )
+    kept = [0, 2]
+    tiny_model.zero_grad()
+    log_probs = torch.log_softmax(tiny_model(batch.input_ids[kept]).logits, dim=-1)
+    log_probs = log_probs.gather(-1, batch.labels[kept].unsqueeze(-1)).squeeze(-1)
+    mask = batch.response_mask[kept].float()
+    per_token = -batch.advantages[kept].unsqueeze(-1) * log_probs
+    expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    expected_loss.backward()
+    expected_grads = {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
+    tiny_model.zero_grad()
+
+    metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)
+    assert metrics["train/loss"] == pytest.approx(expected_loss.item(), rel=1e-5)
+    for name, parameter in tiny_model.named_parameters():
+        assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
+    tiny_model.zero_grad()
+    batch.truncated[:] = True
+    assert accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)["train/loss"] == 0.0
+    assert all(parameter.grad is None for parameter in tiny_model.parameters())
 
 
 def test_old_log_probs_are_not_differentiable_and_do_not_depend_on_the_split(tiny_model):

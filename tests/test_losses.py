@@ -1,5 +1,7 @@
 """Masked reductions, group normalisation and policy-gradient losses: hand-checkable numbers."""
 
+import math
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from reasonrl import (
     masked_normalize,
     sft_microbatch_train_step,
 )
-from reasonrl.losses import compute_grpo_no_clip_loss
+from reasonrl.losses import compute_grpo_no_clip_loss, compute_kl
 
 
 def handout_example():
@@ -195,3 +197,49 @@ def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
             raw_rewards=torch.ones(1, 1),
             length_normalization="masked_normalize",
         )
+
+
+def test_clip_higher_widens_only_the_upper_edge():
+    """DAPO's clip-higher: ε_high = 0.28 lets ρ = 1.25 through for A > 0; the lower edge stays at 1 - ε = 0.8."""
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[0.5, 0.75, 1.25, 1.5]]))
+    positive, meta = compute_grpo_clip_loss(torch.tensor([[1.0]]), new, old, cliprange=0.2, cliprange_high=0.28)
+    assert (-positive).tolist()[0] == pytest.approx([0.5, 0.75, 1.25, 1.28])  # only 1.5 clipped, at 1.28
+    assert meta["clipped_high"].tolist() == [[False, False, False, True]]
+    assert not meta["clipped_low"].any()
+    negative, meta = compute_grpo_clip_loss(torch.tensor([[-1.0]]), new, old, cliprange=0.2, cliprange_high=0.28)
+    assert (-negative).tolist()[0] == pytest.approx([-0.8, -0.8, -1.25, -1.5])  # 0.5 and 0.75 clipped, at 0.8
+    assert meta["clipped_low"].tolist() == [[True, True, False, False]]
+    assert not meta["clipped_high"].any()
+    symmetric, _ = compute_grpo_clip_loss(torch.tensor([[1.0]]), new, old, cliprange=0.2)
+    assert (-symmetric).tolist()[0] == pytest.approx([0.5, 0.75, 1.2, 1.2])
+
+
+def test_kl_estimators_by_hand():
+    policy = torch.log(torch.tensor([[0.5, 0.25]]))
+    reference = torch.log(torch.tensor([[0.25, 0.25]]))  # r = π_ref/π = [0.5, 1]
+    assert compute_kl(policy, reference, "k1").tolist()[0] == pytest.approx([math.log(2), 0.0])
+    assert compute_kl(policy, reference, "k3").tolist()[0] == pytest.approx([0.5 - 1 + math.log(2), 0.0])
+    with pytest.raises(ValueError, match="kl_estimator must be one of k1, k3"):
+        compute_kl(policy, reference, "k2")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_penalty_adds_to_the_loss_and_its_gradient(estimator):
+    """Per token: loss = -A·log π + β·KL; d/dlogπ of k1 is 1, of k3 is 1 - r; masked mean per sequence."""
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    log_probs = torch.log(torch.tensor([[0.5, 0.25, 0.9]])).requires_grad_()
+    reference = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))  # r = [0.5, 2, 1]
+    beta = 0.1
+    loss, metadata = grpo_microbatch_train_step(
+        log_probs, mask, 1, "reinforce_with_baseline", advantages=torch.tensor([[2.0]]),
+        ref_log_probs=reference, kl_coef=beta, kl_estimator=estimator,
+    )  # fmt: skip
+    r = torch.tensor([0.5, 2.0])
+    kl = -torch.log(r) if estimator == "k1" else (r - 1) - torch.log(r)
+    expected_loss = (-2.0 * log_probs.detach()[0, :2] + beta * kl).mean()
+    assert loss.item() == pytest.approx(expected_loss.item())
+    assert metadata["kl"].item() == pytest.approx(kl.mean().item())
+    dkl = torch.ones(2) if estimator == "k1" else 1 - r
+    assert log_probs.grad[0, :2].tolist() == pytest.approx(((-2.0 + beta * dkl) / 2).tolist())
+    assert log_probs.grad[0, 2].item() == 0.0

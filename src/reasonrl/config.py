@@ -17,13 +17,14 @@ from typing import Any, Literal
 import yaml
 
 from reasonrl.errors import UserError
-from reasonrl.loss_types import LENGTH_NORMALIZATIONS, LOSS_TYPES
+from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
 
 # The closed sets of names a param can take, from the registries that give each name its meaning.
 PromptName = Literal[PROMPT_NAMES]
 LossTypeName = Literal[tuple(LOSS_TYPES)]
 LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
+KLEstimator = Literal[KL_ESTIMATORS]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
@@ -379,6 +380,19 @@ class GRPOConfig:
     """Per-sequence loss: mean over its own tokens, or sum / max_tokens (Dr. GRPO: no bias toward short answers)."""
     cliprange: float = 0.2
     """ε of grpo_clip."""
+    cliprange_high: float | None = None
+    """grpo_clip's upper ε (ratios above 1 + this are clipped for positive advantages): DAPO's clip-higher
+    (arXiv:2503.14476, 0.28 there) leaves low-probability tokens room to grow, against entropy collapse; null =
+    ``cliprange`` (symmetric)."""
+    kl_coef: float = 0.0
+    """Weight of a per-token KL(π ‖ π_ref) penalty to the frozen init model (0 = off, the handout's and DAPO's
+    choice; the GRPO paper used 0.04): keeps the policy near where it started at the cost of a reference forward pass
+    per rollout batch and a copy of the weights."""
+    kl_estimator: KLEstimator = "k3"
+    """``k3`` ((r-1) - log r, never negative, low variance) or ``k1`` (-log r), with r = π_ref/π per sampled token."""
+    mask_truncated: bool = False
+    """Give zero loss weight to responses cut at ``max_tokens`` (DAPO's overlong filtering): an unfinished answer
+    says nothing about the answer's correctness. They still count in their group's reward statistics."""
     max_grad_norm: float = 1.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
@@ -413,6 +427,17 @@ class GRPOConfig:
         _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
         _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
         _require(0 < self.cliprange < 1, "grpo.cliprange", f"must be in (0, 1), got {self.cliprange}")
+        _require(
+            self.cliprange_high is None or self.cliprange_high > 0,
+            "grpo.cliprange_high",
+            f"must be > 0 or null, got {self.cliprange_high}",
+        )
+        _require(
+            self.cliprange_high is None or LOSS_TYPES[self.loss_type].ratio == "clipped",
+            "grpo.cliprange_high",
+            f"only grpo_clip clips; set it to null or grpo.loss_type to grpo_clip (it is {self.loss_type})",
+        )
+        _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
         _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "grpo.betas", "must be two in [0, 1)")
         _require_tokens(self.microbatch_tokens, "grpo.microbatch_tokens")

@@ -27,10 +27,10 @@ from reasonrl.data import examples_digest
 from reasonrl.errors import UserError
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.loss_types import LOSS_TYPES
-from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step
+from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
-from reasonrl.sft import BestCheckpoint, log_validation, validate
+from reasonrl.sft import BestCheckpoint, load_policy, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class RolloutBatch:
     """Generated tokens per response, a final EOS not counted (``response_mask`` does count it: it is trained on)."""
     sequence_lengths: list[int]
     """Training tokens per row (prompt and response, up to the last response label): what a microbatch pads to."""
+    truncated: torch.Tensor  # [N] bool
+    """Responses cut at ``max_tokens`` (neither EOS nor a stop string ended them)."""
 
 
 def sample_rollouts(
@@ -145,6 +147,7 @@ def score_rollouts(
         reward_metadata=reward_metadata,
         response_lengths=[sample.length for sample in samples],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
+        truncated=torch.tensor([sample.finish == "length" for sample in samples]),
     )
 
 
@@ -158,6 +161,7 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
         "rollout/answer_reward": batch.reward_metadata["answer_reward_mean"],
         "rollout/zero_variance_group_fraction": batch.reward_metadata["zero_variance_group_fraction"],
         "rollout/response_length": sum(lengths) / len(lengths),
+        "rollout/truncated_fraction": batch.truncated.float().mean().item(),
     }
     if correct:
         metrics["rollout/response_length_correct"] = sum(correct) / len(correct)
@@ -188,8 +192,9 @@ def policy_log_probs(
 
 
 def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig) -> torch.Tensor:
-    """π_old of every sampled token, ``[N, L]``, once per rollout batch and never differentiated; in microbatches of
-    ``old_log_probs_microbatch_tokens`` (no activations are kept, so they can be large)."""
+    """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref), ``[N, L]``, once
+    per rollout batch and never differentiated; in microbatches of ``old_log_probs_microbatch_tokens`` (no
+    activations are kept, so they can be large)."""
     rows = list(range(len(batch.responses)))
     parts = split_microbatches(
         rows, batch.sequence_lengths, config.microbatch_size, config.old_log_probs_microbatch_tokens
@@ -208,17 +213,29 @@ def accumulate_gradients(
     rows: list[int],
     old_log_probs: torch.Tensor | None,
     config: GRPOConfig,
+    ref_log_probs: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
-    gradients are left in ``.grad``. Returns the step's loss, entropy and (ratio losses) clip fraction.
+    gradients are left in ``.grad``. Returns the step's loss, entropy, and (when they apply) clip fractions and KL.
 
     A microbatch of ``b`` of the step's ``n`` sequences passes ``gradient_accumulation_steps = n / b``: its mean
     per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
-    the step's sequences whatever the split. Entropy and clip fraction are means over the step's response tokens.
+    the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step
+    (its mean runs over the others). Entropy, clip fractions and KL are means over the trained response tokens.
     """
     device = next(policy.parameters()).device
+    if config.mask_truncated:
+        rows = [row for row in rows if not batch.truncated[row]]
+    token_means = {"train/entropy": 0.0}
+    if LOSS_TYPES[config.loss_type].ratio == "clipped":
+        token_means |= {"train/clip_fraction": 0.0, "train/clip_fraction_low": 0.0, "train/clip_fraction_high": 0.0}
+    if config.kl_coef > 0:
+        token_means["train/kl"] = 0.0
+    if not rows:
+        tqdm.write("GRPO: every response of this optimizer step was truncated (grpo.mask_truncated); nothing to train")
+        return {"train/loss": 0.0} | token_means
     step_tokens = batch.response_mask[rows].sum().item()
-    loss = entropy = clip_fraction = 0.0
+    loss = 0.0
     for part in split_microbatches(rows, batch.sequence_lengths, config.microbatch_size, config.microbatch_tokens):
         scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True)
         mask = batch.response_mask[part].to(device)  # [b, L]
@@ -233,15 +250,17 @@ def accumulate_gradients(
             cliprange=config.cliprange,
             length_normalization=config.length_normalization,
             normalize_constant=config.max_tokens,
+            cliprange_high=config.cliprange_high,
+            ref_log_probs=None if ref_log_probs is None else ref_log_probs[part].to(device),
+            kl_coef=config.kl_coef,
+            kl_estimator=config.kl_estimator,
         )
-        share = mask.sum().item() / step_tokens  # of the step's response tokens
+        share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         loss += step_loss.item()
-        entropy += (scored["token_entropy"] * mask).sum().item() / step_tokens
-        clip_fraction += metadata.get("clip_fraction", torch.tensor(0.0)).item() * share
-    metrics = {"train/loss": loss, "train/entropy": entropy}
-    if old_log_probs is not None:
-        metrics["train/clip_fraction"] = clip_fraction
-    return metrics
+        metadata["entropy"] = masked_mean(scored["token_entropy"], mask)
+        for name in token_means:
+            token_means[name] += metadata[name.removeprefix("train/")].item() * share
+    return {"train/loss": loss} | token_means
 
 
 def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
@@ -393,6 +412,10 @@ def run_grpo(
         tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
         shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
+    reference = None
+    if config.kl_coef > 0:  # the frozen init model: 16-bit on GPU is enough for a model that never trains
+        reference, _ = load_policy(init_model_dir, next(policy.parameters()).device, precision="bf16")
+        reference.eval().requires_grad_(False)
 
     with open_live(state.step > 0) as live:
 
@@ -433,14 +456,16 @@ def run_grpo(
             batch = score_rollouts(tokenizer, questions, prompts, samples, config)
             scored = time.perf_counter()
 
-            # Old log-probs, once per rollout batch, never differentiated.
-            old_log_probs = None
+            # Old and reference log-probs, once per rollout batch, never differentiated.
+            old_log_probs = ref_log_probs = None
             if LOSS_TYPES[config.loss_type].needs_old_log_probs:
                 old_log_probs = (
                     batch.engine_log_probs
                     if config.old_log_probs_from == "engine"
                     else compute_old_log_probs(policy, batch, config)
                 )
+            if reference is not None:
+                ref_log_probs = compute_old_log_probs(reference, batch, config)
             recomputed = time.perf_counter()
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
@@ -449,7 +474,7 @@ def run_grpo(
                 order = list(range(len(batch.responses)))
                 order_rng.shuffle(order)
                 for rows in step_batches(order, config.train_batch_size):
-                    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config)
+                    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs)
                     checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
                     metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)
                     state.optimizer_steps += 1

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from reasonrl.loss_types import LENGTH_NORMALIZATIONS, LOSS_TYPES
+from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 
 
 # ---------------------------------------------------------------------------------------------------- reductions
@@ -114,17 +114,27 @@ def compute_grpo_clip_loss(
     policy_log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     cliprange: float,
+    cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token PPO-style clipped loss ``-min(ρ·A, clip(ρ, 1±ε)·A)`` with ``ρ = π/π_old`` (arXiv:1707.06347).
+    """Per-token PPO-style clipped loss ``-min(ρ·A, clip(ρ, 1-ε, 1+ε_high)·A)`` with ``ρ = π/π_old``
+    (arXiv:1707.06347); ``ε_high = cliprange_high`` (DAPO's clip-higher, arXiv:2503.14476) or ``cliprange``.
 
     Metadata: ``clipped`` (``[B, T]`` bool, the clipped term was the smaller one, i.e. the token gets no
-    gradient) and ``clip_fraction`` (its mean over all positions; mask it yourself when there is padding).
+    gradient), split into ``clipped_high`` (ρ above 1+ε_high with A > 0) and ``clipped_low`` (ρ below 1-ε with
+    A < 0), and ``clip_fraction`` (the mean of ``clipped`` over all positions; mask it yourself when there is padding).
     """
+    high = cliprange if cliprange_high is None else cliprange_high
     ratio = torch.exp(policy_log_probs - old_log_probs)  # [B, T]
     unclipped = ratio * advantages  # [B, T]
-    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange) * advantages  # [B, T]
+    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + high) * advantages  # [B, T]
     was_clipped = clipped < unclipped
-    return -torch.minimum(unclipped, clipped), {"clipped": was_clipped, "clip_fraction": was_clipped.float().mean()}
+    metadata = {
+        "clipped": was_clipped,
+        "clipped_high": was_clipped & (ratio > 1.0),
+        "clipped_low": was_clipped & (ratio < 1.0),
+        "clip_fraction": was_clipped.float().mean(),
+    }
+    return -torch.minimum(unclipped, clipped), metadata
 
 
 def compute_grpo_no_clip_loss(
@@ -141,6 +151,7 @@ def compute_policy_gradient_loss(
     advantages: torch.Tensor | None = None,
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
+    cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The per-token loss of ``loss_type`` (see ``reasonrl.loss_types``); returns ``(loss [B, T], metadata)``.
 
@@ -165,7 +176,7 @@ def compute_policy_gradient_loss(
     if spec.ratio == "none":
         return compute_naive_policy_gradient_loss(weight, policy_log_probs), {}
     if spec.ratio == "clipped":
-        return compute_grpo_clip_loss(weight, policy_log_probs, old_log_probs, cliprange)
+        return compute_grpo_clip_loss(weight, policy_log_probs, old_log_probs, cliprange, cliprange_high)
     return compute_grpo_no_clip_loss(weight, policy_log_probs, old_log_probs), {}
 
 
@@ -180,12 +191,19 @@ def grpo_microbatch_train_step(
     cliprange: float | None = None,
     length_normalization: str = "masked_mean",
     normalize_constant: float | None = None,
+    cliprange_high: float | None = None,
+    ref_log_probs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss of one microbatch, reduced per sequence then over the batch; calls ``backward()``.
 
     ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own length (the
     handout's default, which weights tokens of short answers more); ``masked_normalize`` divides by one
     constant such as the max generation length (Dr. GRPO, arXiv:2503.20783), so every token weighs the same.
+
+    ``kl_coef > 0`` adds ``kl_coef · KL`` per token against ``ref_log_probs`` (see :func:`compute_kl`) before the
+    same reduction; metadata ``kl`` is its masked mean.
     """
     if length_normalization not in LENGTH_NORMALIZATIONS:
         raise ValueError(
@@ -194,14 +212,33 @@ def grpo_microbatch_train_step(
     if length_normalization == "masked_normalize" and normalize_constant is None:
         raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
     per_token_loss, metadata = compute_policy_gradient_loss(
-        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange
+        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high
     )  # [B, T]
+    if kl_coef > 0:
+        if ref_log_probs is None:
+            raise ValueError("kl_coef > 0 needs ref_log_probs")
+        kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # [B, T]
+        per_token_loss = per_token_loss + kl_coef * kl
+        metadata["kl"] = masked_mean(kl.detach(), response_mask)
     if length_normalization == "masked_mean":
         per_sequence_loss = masked_mean(per_token_loss, response_mask, dim=-1)  # [B]
     else:
         per_sequence_loss = masked_normalize(per_token_loss, response_mask, normalize_constant, dim=-1)  # [B]
     loss = per_sequence_loss.mean() / gradient_accumulation_steps
     loss.backward()
-    if "clipped" in metadata:
-        metadata["clip_fraction"] = masked_mean(metadata["clipped"].float(), response_mask)
+    for name in ("clipped", "clipped_high", "clipped_low"):
+        if name in metadata:
+            metadata[name.replace("clipped", "clip_fraction")] = masked_mean(metadata[name].float(), response_mask)
     return loss.detach(), metadata
+
+
+def compute_kl(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from the sampled tokens' log-probs (J. Schulman, "Approximating KL
+    divergence", 2020), with ``r = π_ref / π``: ``k1 = -log r`` (unbiased, high variance, can be negative) or
+    ``k3 = (r - 1) - log r`` (unbiased, always ≥ 0, low variance; the GRPO paper's choice)."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}")
+    log_ratio = ref_log_probs - policy_log_probs  # log r, [B, T]
+    if estimator == "k1":
+        return -log_ratio
+    return torch.expm1(log_ratio) - log_ratio

@@ -94,6 +94,8 @@ class MemoryPlan:
     gradients: int
     optimizer: int
     autocast_weights: int
+    reference: int
+    """A bf16 copy of the init model for ``grpo.kl_coef > 0``."""
     activations: int
     engine: int
     """The engine's share while it generates (``colocate`` only; 0 in ``split``)."""
@@ -103,11 +105,12 @@ class MemoryPlan:
 
     @property
     def generating(self) -> int:
-        return self.weights + self.optimizer + self.engine + RESERVE_BYTES
+        return self.weights + self.optimizer + self.reference + self.engine + RESERVE_BYTES
 
     @property
     def training(self) -> int:
         policy = self.weights + self.gradients + self.optimizer + self.autocast_weights + self.activations
+        policy += self.reference
         return policy + self.engine_while_training + RESERVE_BYTES
 
     def summary(self) -> str:
@@ -115,6 +118,7 @@ class MemoryPlan:
             "weights": self.weights,
             "gradients": self.gradients,
             "AdamW": self.optimizer,
+            "reference": self.reference,
             "activations": self.activations + self.autocast_weights,
             "engine": self.engine,
         }
@@ -149,6 +153,7 @@ def plan_memory(
         gradients=gradients,
         optimizer=optimizer,
         autocast_weights=autocast_weights,
+        reference=2 * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 else 0,
         activations=activations,
         engine=engine_share,
         engine_while_training=0 if sleeps else engine_share,
