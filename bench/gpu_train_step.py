@@ -128,6 +128,7 @@ def rollout_batch(args: argparse.Namespace, vocab_size: int) -> RolloutBatch:
         reward_metadata={},
         response_lengths=[len(r) for r in responses],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
+        truncated=torch.zeros(args.responses, dtype=torch.bool),
     )
 
 
