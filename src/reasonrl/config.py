@@ -390,6 +390,12 @@ class GRPOConfig:
     per rollout batch and a copy of the weights."""
     kl_estimator: KLEstimator = "k3"
     """``k3`` ((r-1) - log r, never negative, low variance) or ``k1`` (-log r), with r = π_ref/π per sampled token."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (no advantage, no gradient) and draw more questions until the step
+    has ``rollout_batch_size / group_size`` groups with signal (DAPO, arXiv:2503.14476): more rollouts per step,
+    every one of them informative."""
+    max_sampling_rounds: int = 3
+    """Sampling rounds per step at most with ``dynamic_sampling``; short of groups then, the step trains on fewer."""
     mask_truncated: bool = False
     """Give zero loss weight to responses cut at ``max_tokens`` (DAPO's overlong filtering): an unfinished answer
     says nothing about the answer's correctness. They still count in their group's reward statistics."""
@@ -418,7 +424,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         positive = (
             "n_grpo_steps rollout_batch_size group_size max_tokens epochs_per_rollout_batch train_batch_size "
-            "gradient_accumulation_steps eval_every eval_examples checkpoint_every max_consecutive_nonfinite"
+            "gradient_accumulation_steps eval_every eval_examples checkpoint_every max_consecutive_nonfinite "
+            "max_sampling_rounds"
         )
         for name in positive.split():
             _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")

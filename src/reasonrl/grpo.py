@@ -8,6 +8,7 @@ the batch in optimizer steps of ``train_batch_size`` responses. ``run_grpo`` rea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -111,6 +112,66 @@ def sample_rollouts(
         return_logprobs=config.old_log_probs_from == "engine",
     )
     return prompts, [sample for group in groups for sample in group]
+
+
+@dataclass
+class DrawnRollouts:
+    """The questions a step trains on, their prompts and their groups of samples (flattened group after group)."""
+
+    questions: list[GSM8KExample]
+    prompts: list[str]
+    samples: list[Sample]
+    sampling_rounds: int = 1
+    dropped_groups: int = 0
+
+
+def draw_rollouts(
+    engine: RolloutEngine, train: list[GSM8KExample], config: GRPOConfig, stop: list[str], step_seed: int
+) -> DrawnRollouts:
+    """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each.
+
+    With ``dynamic_sampling`` (DAPO, arXiv:2503.14476) a group whose rewards are all equal, which has no advantage
+    to learn from, is dropped, and up to ``max_sampling_rounds`` rounds draw further questions (not drawn before in
+    this step) until the step has ``questions_per_step`` groups with signal. Short of that at the cap, the step
+    trains on the groups it has, and says so; with none at all, on the first round's (zero advantages).
+    Every draw and seed is a function of ``step_seed``: a resumed run replays it.
+    """
+    wanted = min(config.questions_per_step, len(train))
+    questions = random.Random(step_seed).sample(train, wanted)
+    prompts, samples = sample_rollouts(engine, questions, config, stop, step_seed)
+    drawn = DrawnRollouts(questions, prompts, samples)
+    if not config.dynamic_sampling:
+        return drawn
+    reward_fn, group = REWARD_FNS[config.prompt], config.group_size
+    kept = DrawnRollouts([], [], [], sampling_rounds=0)
+    used = set()
+    while True:
+        kept.sampling_rounds += 1
+        used.update(id(question) for question in questions)
+        for index, (question, prompt) in enumerate(zip(questions, prompts, strict=True)):
+            samples_of_question = samples[index * group : (index + 1) * group]
+            rewards = {reward_fn(sample.text, question.answer)["reward"] for sample in samples_of_question}
+            if len(rewards) == 1 or len(kept.questions) == wanted:
+                kept.dropped_groups += len(rewards) == 1
+                continue
+            kept.questions.append(question)
+            kept.prompts.append(prompt)
+            kept.samples.extend(samples_of_question)
+        pool = [question for question in train if id(question) not in used]
+        if len(kept.questions) == wanted or kept.sampling_rounds == config.max_sampling_rounds or not pool:
+            break
+        round_seed = step_seed * 1000 + kept.sampling_rounds
+        questions = random.Random(round_seed).sample(pool, min(wanted, len(pool)))
+        prompts, samples = sample_rollouts(engine, questions, config, stop, round_seed)
+    if len(kept.questions) < wanted:
+        fallback = "" if kept.questions else "; none has reward variance, so it trains on the first round's groups"
+        tqdm.write(
+            f"GRPO: dynamic sampling found {len(kept.questions)} of {wanted} groups with reward variance in "
+            f"{kept.sampling_rounds} rounds (grpo.max_sampling_rounds){fallback}"
+        )
+    if not kept.questions:
+        return dataclasses.replace(drawn, sampling_rounds=kept.sampling_rounds, dropped_groups=kept.dropped_groups)
+    return kept
 
 
 def score_rollouts(
@@ -447,13 +508,12 @@ def run_grpo(
             step_seed = config.seed * 1_000_003 + step  # a pure function of (seed, step): resumes replay exactly
 
             # Rollouts: a group of samples per question, from the engine loaded with the current policy.
-            questions = random.Random(step_seed).sample(train, min(config.questions_per_step, len(train)))
             with engine.serving(policy):
-                prompts, samples = sample_rollouts(engine, questions, config, eval_config.stop, step_seed)
+                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed)
             rolled = time.perf_counter()
 
             # Scoring: rewards, group-normalised advantages, training tensors.
-            batch = score_rollouts(tokenizer, questions, prompts, samples, config)
+            batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
             scored = time.perf_counter()
 
             # Old and reference log-probs, once per rollout batch, never differentiated.
@@ -479,7 +539,10 @@ def run_grpo(
                     metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)
                     state.optimizer_steps += 1
                     live.step = state.optimizer_steps
-                    for name, value in (metrics | rollout_metrics(batch)).items():
+                    sampling = {"rollout/sampling_rounds": drawn.sampling_rounds}
+                    if config.dynamic_sampling:
+                        sampling["rollout/dropped_groups"] = drawn.dropped_groups
+                    for name, value in (metrics | rollout_metrics(batch) | sampling).items():
                         live.log_metric(name, value)
             trained = time.perf_counter()
 
