@@ -13,6 +13,7 @@ sys.path.insert(0, str(REPO / "stages"))
 from final_eval import parse_models, parse_prompts  # noqa: E402
 
 from reasonrl.config import ConfigError  # noqa: E402
+from reasonrl.evaluation import pass_at_k, summarize  # noqa: E402
 from reasonrl.models import ModelSourceError  # noqa: E402
 
 
@@ -71,3 +72,33 @@ def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     assert result.returncode == 2
     assert f"error: {tmp_path / 'missing'}: not a Hugging Face model directory" in result.stderr
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "g").exists()
+
+
+def test_pass_at_k_is_the_unbiased_estimator_by_hand():
+    assert pass_at_k(samples=4, correct=0, k=2) == 0.0
+    assert pass_at_k(samples=4, correct=1, k=1) == pytest.approx(0.25)
+    assert pass_at_k(samples=4, correct=1, k=2) == pytest.approx(1 - 3 / 6)  # C(3,2)/C(4,2) pairs miss it
+    assert pass_at_k(samples=4, correct=3, k=2) == 1.0  # any two hold a right one
+
+
+def test_several_samples_per_question_give_pass_at_k_and_majority_vote():
+    def record(question: int, answer: str | None, right: bool) -> dict:
+        formatted = float(answer is not None)
+        return {"question_index": question, "answer": answer, "reward": float(right), "format_reward": formatted,
+                "length": 5}  # fmt: skip
+
+    records = [
+        record(0, "7", True), record(0, "7", True), record(0, "8", False), record(0, None, False),  # vote 7: right
+        record(1, "3", False), record(1, "3", False), record(1, "4", True), record(1, "4", False),  # tie: 3 first
+        record(2, None, False), record(2, None, False), record(2, None, False), record(2, "9", True),  # only 9
+    ]  # fmt: skip
+    metrics = summarize(records)
+    assert metrics["samples_per_question"] == 4 and metrics["accuracy"] == pytest.approx(4 / 12)
+    assert metrics["majority_accuracy"] == pytest.approx(2 / 3)
+    expected_pass_2 = (1 - 1 / 6 + (1 - 3 / 6) + (1 - 3 / 6)) / 3  # 2, 1 and 1 right answers of 4
+    assert metrics["pass_at_k"] == pytest.approx({"1": 4 / 12, "2": expected_pass_2, "4": 1.0})
+
+
+def test_one_sample_per_question_reports_no_per_question_metrics():
+    records = [{"question_index": i, "answer": "1", "reward": 1.0, "format_reward": 1.0, "length": 3} for i in range(3)]
+    assert "pass_at_k" not in summarize(records) and "majority_accuracy" not in summarize(records)

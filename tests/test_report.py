@@ -19,7 +19,7 @@ from reasonrl.report import ReportInputs, build_report
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
 from reasonrl.report.inputs import ReportInputError, flatten, grpo_evaluations, pick_example_files, read_params
-from reasonrl.report.tables import wilson_interval
+from reasonrl.report.tables import per_question_table, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,7 +36,8 @@ GRPO_ACCURACY = {0: 0.1, 2: 0.2, 4: 0.25, 6: 0.4}
 def graded(correct: int, format_only: int, neither: int) -> list[dict]:
     records = [{"reward": 1.0, "format_reward": 1.0, "length": LENGTHS["correct"]}] * correct
     records += [{"reward": 0.0, "format_reward": 1.0, "length": LENGTHS["format_only"]}] * format_only
-    return records + [{"reward": 0.0, "format_reward": 0.0, "length": LENGTHS["neither"]}] * neither
+    records += [{"reward": 0.0, "format_reward": 0.0, "length": LENGTHS["neither"]}] * neither
+    return [{**record, "question_index": index} for index, record in enumerate(records)]  # one sample per question
 
 
 def write_sft_live(live_dir: Path) -> None:
@@ -335,3 +336,22 @@ def test_params_read_as_dvc_writes_them(tmp_path):
         "grpo.name": "1e3",
         "grpo.steps": 200,
     }
+
+
+def test_several_samples_per_question_add_a_pass_at_k_table():
+    def sampled(correct_per_question: list[int], samples: int) -> dict:
+        records = [
+            {"question_index": q, "answer": "1" if i < right else "2", "reward": float(i < right),
+             "format_reward": 1.0, "length": 4}
+            for q, right in enumerate(correct_per_question) for i in range(samples)
+        ]  # fmt: skip
+        return summarize(records)
+
+    table = per_question_table({"sft": sampled([0, 1, 4], 4), "grpo": sampled([2, 3, 4], 4)})
+    assert table.headers == ["route", "samples per question", "mean accuracy", "pass@1", "pass@2", "pass@4",
+                            "majority vote"]  # fmt: skip
+    # sft: pass@2 of 0, 1 and 4 right of 4 is (0 + 1/2 + 1) / 3; majority: wrong, wrong ("2" outvotes "1"), right
+    assert table.rows[0] == ["sft", "4", "41.7%", "41.7%", "50.0%", "66.7%", "33.3%"]
+    # grpo: 2 right of 4 ties its vote, which goes to the answer seen first ("1", right)
+    assert table.rows[1] == ["grpo", "4", "75.0%", "75.0%", "94.4%", "100.0%", "100.0%"]
+    assert per_question_table({"sft": summarize(graded(1, 1, 1))}) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import ANSWER_FNS, REWARD_FNS, format_prompt, load_prompt
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
@@ -22,15 +22,51 @@ class EvalResult:
     metrics: dict[str, Any]
     """See :func:`summarize`."""
     records: list[dict[str, Any]]
-    """One per sample: question, prompt, response, ground_truth, the three rewards, length (tokens)."""
+    """One per sample: question (and its index), prompt, response, ground_truth, the three rewards, the answer as
+    a canonical number (or null), length (tokens)."""
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """The unbiased pass@k of one question with ``correct`` of ``samples`` answers right: the chance that ``k``
+    answers drawn without replacement hold at least one right one (Chen et al. 2021, arXiv:2107.03374)."""
+    if samples - correct < k:
+        return 1.0
+    return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
+
+
+def per_question_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """With several samples per question: pass@k for k = 1, 2, 4, … up to the sample count (its mean over the
+    questions), and majority-vote accuracy (the most frequent answer among the well-formed ones, ties to the one seen
+    first, is graded; a question with no well-formed answer counts as wrong)."""
+    by_question: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        by_question.setdefault(record["question_index"], []).append(record)
+    samples = min(len(group) for group in by_question.values())
+    ks = sorted({2**power for power in range(samples.bit_length()) if 2**power <= samples} | {samples})
+    pass_at = {
+        str(k): _mean([pass_at_k(len(g), sum(r["reward"] == 1.0 for r in g), k) for g in by_question.values()])
+        for k in ks
+    }
+    majority_correct = 0
+    for group in by_question.values():
+        answers = [r["answer"] for r in group if r["answer"] is not None]
+        if answers:
+            voted = max(answers, key=answers.count)  # max keeps the first of equal counts
+            majority_correct += next(r for r in group if r["answer"] == voted)["reward"] == 1.0
+    return {
+        "samples_per_question": samples,
+        "pass_at_k": pass_at,
+        "majority_accuracy": majority_correct / len(by_question),
+    }
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy (with its standard error), format rate, category counts and response lengths.
+    """Accuracy (with its standard error), format rate, category counts and response lengths; with several samples
+    per question also pass@k and majority-vote accuracy (:func:`per_question_metrics`).
 
     Categories: ``correct`` (reward 1), ``format_only`` (format right, answer wrong), ``neither`` (format
     wrong; the answer is then not credited). Lengths are in tokens; a mean over no responses is null.
@@ -42,7 +78,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     incorrect = [r for r in records if r["reward"] != 1.0]
     formatted = sum(r["format_reward"] == 1.0 for r in records)
     accuracy = len(correct) / n
-    return {
+    by_question = {}
+    if len({r["question_index"] for r in records}) < n:
+        by_question = per_question_metrics(records)
+    return by_question | {
         "n": n,
         "accuracy": accuracy,
         "accuracy_stderr": math.sqrt(accuracy * (1 - accuracy) / n),
@@ -65,7 +104,7 @@ def evaluate(
 ) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
     that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream)."""
-    template, reward_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name]
+    template, reward_fn, answer_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name], ANSWER_FNS[prompt_name]
     examples = examples[: config.num_examples]
     prompts = [format_prompt(template, example.question) for example in examples]
     outputs = engine.generate(
@@ -79,15 +118,17 @@ def evaluate(
         seed=seed,
     )
     records = []
-    for example, prompt, samples in zip(examples, prompts, outputs, strict=True):
+    for index, (example, prompt, samples) in enumerate(zip(examples, prompts, outputs, strict=True)):
         for sample in samples:
             records.append(
                 {
+                    "question_index": index,
                     "question": example.question,
                     "prompt": prompt,
                     "response": sample.text,
                     "ground_truth": example.answer,
                     **reward_fn(sample.text, example.answer),
+                    "answer": answer_fn(sample.text),
                     "length": sample.length,
                 }
             )

@@ -249,6 +249,21 @@ def extract_final_answer(response: str) -> str | None:
     return last_numeral(response)
 
 
+def r1_zero_answer(response: str) -> str | None:
+    """The number a well-formatted R1-Zero response answers, canonical (``"18"``, ``"5/2"``), for majority votes;
+    ``None`` when the format is broken or the answer block states no single number."""
+    block = extract_answer_block(response) if has_r1_zero_format(response) else None
+    value = single_number(block) if block is not None else None
+    return None if value is None else str(value)
+
+
+def question_only_answer(response: str) -> str | None:
+    """The number a question-only response answers (:func:`extract_final_answer`), canonical; ``None`` if none."""
+    answer = extract_final_answer(response)
+    value = single_number(answer) if answer is not None else None
+    return None if value is None else str(value)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reward functions
 

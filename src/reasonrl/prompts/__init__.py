@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 
-from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
+from reasonrl.grading import question_only_answer, question_only_reward_fn, r1_zero_answer, r1_zero_reward_fn
 
 RewardFn = Callable[[str, str], dict[str, float]]
 
@@ -18,6 +18,11 @@ REWARD_FNS: dict[str, RewardFn] = {
 """Each prompt's reward function: ``r1_zero`` wants ``</think> <answer> N </answer>``, ``question_only`` a final
 number (the last ``\\boxed{}``, else the last number)."""
 PROMPT_NAMES: tuple[str, ...] = tuple(REWARD_FNS)
+ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
+    "r1_zero": r1_zero_answer,
+    "question_only": question_only_answer,
+}
+"""Each prompt's answer as a canonical number string (the reward function's reading of it), for majority votes."""
 
 
 def load_prompt(name: str) -> str:

@@ -40,7 +40,7 @@ from reasonrl.report.inputs import (
     read_metric,
     read_params,
 )
-from reasonrl.report.tables import summary_table
+from reasonrl.report.tables import per_question_table, summary_table
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,14 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
     )
     report.blocks.append(summary_table(final, "route"))
     report.blocks.append(Paragraph("Change in test accuracy: " + "; ".join(accuracy_changes(final)) + "."))
+    if (several := per_question_table(final)) is not None:
+        report.blocks.append(several)
+        report.blocks.append(
+            Paragraph(
+                "With several samples per question: pass@k is the unbiased estimate of the chance that k of them hold "
+                "a right answer; the majority vote grades each question's most frequent well-formed answer."
+            )
+        )
     prompts = ", ".join(f"{route} `{summary.get('prompt', 'r1_zero')}`" for route, summary in final.items())
     report.blocks.append(
         Paragraph(f"Prompt per route, each graded with its own reward function (the one it trained with): {prompts}.")

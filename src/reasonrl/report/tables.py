@@ -59,3 +59,19 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]], label: str) -> Tab
         lengths = " / ".join(number(s["response_length"].get(k)) for k in ("all", "correct", "incorrect"))
         rows.append([name, str(s["n"]), format_accuracy(s), percent(s["format_rate"]), categories, lengths])
     return Table([label, *SUMMARY_COLUMNS], rows)
+
+
+def per_question_table(summaries: Mapping[str, Mapping[str, Any]]) -> Table | None:
+    """With ``eval.samples_per_question`` > 1: per route the mean accuracy, pass@k for each k and the majority-vote
+    accuracy; ``None`` when the summaries have one sample per question."""
+    several = {name: s for name, s in summaries.items() if "pass_at_k" in s}
+    if not several:
+        return None
+    ks = sorted({k for s in several.values() for k in s["pass_at_k"]}, key=int)
+    rows = [
+        [name, str(s["samples_per_question"]), percent(s["accuracy"])]
+        + [percent(s["pass_at_k"].get(k)) for k in ks]
+        + [percent(s["majority_accuracy"])]
+        for name, s in several.items()
+    ]
+    return Table(["route", "samples per question", "mean accuracy", *(f"pass@{k}" for k in ks), "majority vote"], rows)
