@@ -9,7 +9,7 @@ from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_js
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k
-from reasonrl.evaluation import evaluate_checkpoints
+from reasonrl.evaluation import add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import PROMPT_NAMES
 from reasonrl.rollout import RolloutEngine
@@ -63,6 +63,8 @@ def main() -> None:
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
     engine = RolloutEngine(next(iter(models.values())), params.rollout)
     results = evaluate_checkpoints(engine, models, test, prompts, params.eval, seed=params.rollout.seed)
+    # Each route against the model it started from: same questions, samples and seed, so answers pair up.
+    add_paired_comparisons(results, {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model})
     with atomic_directory(args.generations) as staging:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)

@@ -13,7 +13,14 @@ sys.path.insert(0, str(REPO / "stages"))
 from final_eval import parse_models, parse_prompts  # noqa: E402
 
 from reasonrl.config import ConfigError  # noqa: E402
-from reasonrl.evaluation import pass_at_k, summarize  # noqa: E402
+from reasonrl.evaluation import (  # noqa: E402
+    EvalResult,
+    add_paired_comparisons,
+    mcnemar_p_value,
+    paired_comparison,
+    pass_at_k,
+    summarize,
+)
 from reasonrl.models import ModelSourceError  # noqa: E402
 
 
@@ -102,3 +109,26 @@ def test_several_samples_per_question_give_pass_at_k_and_majority_vote():
 def test_one_sample_per_question_reports_no_per_question_metrics():
     records = [{"question_index": i, "answer": "1", "reward": 1.0, "format_reward": 1.0, "length": 3} for i in range(3)]
     assert "pass_at_k" not in summarize(records) and "majority_accuracy" not in summarize(records)
+
+
+def test_mcnemar_exact_p_value_by_hand():
+    assert mcnemar_p_value(0, 0) == 1.0
+    assert mcnemar_p_value(5, 0) == pytest.approx(2 / 2**5)  # all 5 discordant pairs one way
+    assert mcnemar_p_value(3, 1) == pytest.approx(2 * (1 + 4) / 16)  # P(X ≤ 1), X ~ Bin(4, 1/2), doubled
+    assert mcnemar_p_value(2, 2) == 1.0
+
+
+def test_routes_are_paired_with_the_model_they_started_from():
+    def result(rewards: list[float]) -> EvalResult:
+        records = [{"question_index": i, "reward": r} for i, r in enumerate(rewards)]
+        return EvalResult({"accuracy": sum(rewards) / len(rewards)}, records)
+
+    results = {"base": result([0, 0, 0, 0, 1]), "sft": result([1, 1, 1, 0, 0]), "grpo": result([1, 1, 1, 1, 0])}
+    add_paired_comparisons(results, {"sft": "base", "ei": "sft", "grpo": "sft"})
+    assert results["sft"].metrics["paired"] == {
+        "reference": "base", "only_this_right": 3, "only_reference_right": 1, "mcnemar_p_value": 0.625,
+    }  # fmt: skip
+    assert results["grpo"].metrics["paired"]["only_this_right"] == 1
+    assert "paired" not in results["base"].metrics
+    with pytest.raises(ValueError, match="same questions"):
+        paired_comparison(results["sft"].records[:3], results["base"].records)

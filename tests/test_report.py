@@ -15,7 +15,7 @@ import pytest
 
 from reasonrl.cli import open_live
 from reasonrl.evaluation import summarize
-from reasonrl.report import ReportInputs, build_report
+from reasonrl.report import ReportInputs, build_report, paired_sentences
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
 from reasonrl.report.inputs import ReportInputError, flatten, grpo_evaluations, pick_example_files, read_params
@@ -355,3 +355,12 @@ def test_several_samples_per_question_add_a_pass_at_k_table():
     # grpo: 2 right of 4 ties its vote, which goes to the answer seen first ("1", right)
     assert table.rows[1] == ["grpo", "4", "75.0%", "75.0%", "94.4%", "100.0%", "100.0%"]
     assert per_question_table({"sft": summarize(graded(1, 1, 1))}) is None
+
+
+def test_paired_comparisons_are_reported_per_route():
+    final = {
+        "base": summarize(graded(0, 1, 1)),
+        "sft": {"paired": {"reference": "base", "only_this_right": 41, "only_reference_right": 12,
+                           "mcnemar_p_value": 4.1e-05}},
+    }  # fmt: skip
+    assert paired_sentences(final) == ["SFT vs BASE: 41 answers right only for SFT, 12 only for BASE, p = 4.1e-05"]

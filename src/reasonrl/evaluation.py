@@ -160,3 +160,35 @@ def evaluate_checkpoints(
         result = evaluate(engine, examples, prompt_names[name], full, seed=seed)
         results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
     return results
+
+
+def mcnemar_p_value(only_first: int, only_second: int) -> float:
+    """Two-sided exact McNemar test: under "no difference" the discordant pairs split Binomial(b + c, 1/2)."""
+    discordant = only_first + only_second
+    if discordant == 0:
+        return 1.0
+    tail = sum(math.comb(discordant, i) for i in range(min(only_first, only_second) + 1)) / 2**discordant
+    return min(1.0, 2 * tail)
+
+
+def paired_comparison(records: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
+    """Answer by answer against ``reference`` (the same questions, samples and seed): how often only one of the two
+    was right, and McNemar's exact p-value for "equally accurate"."""
+    if [r["question_index"] for r in records] != [r["question_index"] for r in reference]:
+        raise ValueError("paired comparison needs the same questions and samples per question in both evaluations")
+    only_this = sum(a["reward"] == 1.0 and b["reward"] != 1.0 for a, b in zip(records, reference, strict=True))
+    only_reference = sum(a["reward"] != 1.0 and b["reward"] == 1.0 for a, b in zip(records, reference, strict=True))
+    return {
+        "only_this_right": only_this,
+        "only_reference_right": only_reference,
+        "mcnemar_p_value": mcnemar_p_value(only_this, only_reference),
+    }
+
+
+def add_paired_comparisons(results: dict[str, EvalResult], references: Mapping[str, str]) -> None:
+    """Add to each result's metrics ``paired`` against the model it started from (``references[name]``, when that
+    model was evaluated too), with ``reference`` naming it."""
+    for name, reference in references.items():
+        if name in results and reference in results:
+            paired = paired_comparison(results[name].records, results[reference].records)
+            results[name].metrics["paired"] = {"reference": reference, **paired}

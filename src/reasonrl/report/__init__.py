@@ -92,6 +92,21 @@ def accuracy_changes(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return changes
 
 
+def paired_sentences(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``"GRPO vs SFT: 41 answers right only for GRPO, 12 only for SFT, p = 4.1e-05"`` per route with a ``paired``
+    comparison (see ``reasonrl.evaluation.add_paired_comparisons``)."""
+    sentences = []
+    for route, summary in final.items():
+        if paired := summary.get("paired"):
+            reference = paired["reference"]
+            sentences.append(
+                f"{route.upper()} vs {reference.upper()}: {paired['only_this_right']} answers right only for "
+                f"{route.upper()}, {paired['only_reference_right']} only for {reference.upper()}, "
+                f"p = {paired['mcnemar_p_value']:.2g}"
+            )
+    return sentences
+
+
 def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
     report.blocks.append(Heading(2, "Test accuracy per route"))
     report.figures["test_accuracy.png"] = plot_test_accuracy(final)
@@ -104,6 +119,13 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
     )
     report.blocks.append(summary_table(final, "route"))
     report.blocks.append(Paragraph("Change in test accuracy: " + "; ".join(accuracy_changes(final)) + "."))
+    if paired := paired_sentences(final):
+        report.blocks.append(
+            Paragraph(
+                "Paired against the model each route started from (the same questions, samples and seed), "
+                "McNemar's exact test: " + "; ".join(paired) + "."
+            )
+        )
     if (several := per_question_table(final)) is not None:
         report.blocks.append(several)
         report.blocks.append(
