@@ -97,3 +97,27 @@ def test_the_prompt_ablation_grades_grpo_with_its_own_prompt(repo):
     records = [json.loads(line) for line in (clone / "reports/final/generations/grpo.jsonl").open()]
     assert "<think>" not in records[0]["prompt"]  # the bare question, as GRPO trained on it
     assert "grpo `question_only`" in (clone / "reports/report.md").read_text()
+
+
+def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
+    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering and two samples per question, all on at
+    once in one ``dvc exp run``: each shows up in the curves or the metrics it promises."""
+    clone, env = repo
+    recipes = {
+        "grpo.loss_type": "grpo_clip", "grpo.epochs_per_rollout_batch": 2, "grpo.cliprange_high": 0.28,
+        "grpo.kl_coef": 0.1, "grpo.dynamic_sampling": "true", "grpo.max_sampling_rounds": 2,
+        "grpo.mask_truncated": "true", "eval.samples_per_question": 2,
+        "grpo.init_model": "sft", "ei.init_model": "sft",  # as the CPU preset has them (an earlier test moved them)
+    }  # fmt: skip
+    overrides = [arg for key, value in recipes.items() for arg in ("-S", f"{key}={value}")]
+    run(["dvc", "exp", "run", "--name", "recipes", *overrides], clone, env)
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    for route in ROUTES:
+        assert final[route]["n"] == 48 and final[route]["samples_per_question"] == 2
+        assert set(final[route]["pass_at_k"]) == {"1", "2"} and 0 <= final[route]["majority_accuracy"] <= 1
+    assert final["grpo"]["paired"]["reference"] == "sft"  # the CPU preset's grpo.init_model
+    curves = clone / "reports/grpo/live/plots/metrics"
+    for metric in ("train/kl", "train/clip_fraction_high", "train/clip_fraction_low", "rollout/sampling_rounds",
+                   "rollout/dropped_groups", "rollout/truncated_fraction"):  # fmt: skip
+        assert len((curves / f"{metric}.tsv").read_text().splitlines()) > 1, metric
+    assert "pass@2" in (clone / "reports/report.md").read_text()
