@@ -78,10 +78,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     incorrect = [r for r in records if r["reward"] != 1.0]
     formatted = sum(r["format_reward"] == 1.0 for r in records)
     accuracy = len(correct) / n
-    by_question = {}
-    if len({r["question_index"] for r in records}) < n:
-        by_question = per_question_metrics(records)
-    return by_question | {
+    several = len({r["question_index"] for r in records}) < n
+    return {
         "n": n,
         "accuracy": accuracy,
         "accuracy_stderr": math.sqrt(accuracy * (1 - accuracy) / n),
@@ -92,7 +90,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "correct": _mean([r["length"] for r in correct]),
             "incorrect": _mean([r["length"] for r in incorrect]),
         },
-    }
+    } | (per_question_metrics(records) if several else {})
 
 
 def evaluate(
