@@ -62,9 +62,22 @@ class _RngState:
     """The global generators an in-process engine samples from (see ``RolloutEngine._seeded``)."""
 
     torch: torch.Tensor
-    cuda: list[torch.Tensor]
+    cuda: dict[int, torch.Tensor]
+    """By CUDA device index; empty on CPU."""
     numpy: tuple
     python: tuple
+
+    @classmethod
+    def capture(cls, cuda_devices: Sequence[int]) -> _RngState:
+        cuda = {index: torch.cuda.get_rng_state(index) for index in cuda_devices}  # GPU-only
+        return cls(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch)
+        for index, state in self.cuda.items():
+            torch.cuda.set_rng_state(state, index)  # GPU-only
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
 
 
 @dataclass(frozen=True)
@@ -127,7 +140,8 @@ class RolloutEngine:
             self._worker = self._llm.llm_engine.model_executor.driver_worker.worker
             device = torch.device(self._worker.device)
             self._rng_devices = [] if device.type == "cpu" else [device.index or 0]  # [] on CPU
-            self._sampler_rng = self._get_rng()  # the engine's own sampling stream, as LLM(seed=...) left it
+            # The engine's own sampling stream, as LLM(seed=...) left it.
+            self._sampler_rng = _RngState.capture(self._rng_devices)
         if config.layout != "cpu":
             # GPU-only. vLLM made the engine's GPU the current device; give the caller back cuda:0, where the policy
             # lives, so that a bare "cuda" (autocast, empty_cache, memory statistics) still means the policy's GPU.
@@ -259,25 +273,14 @@ class RolloutEngine:
             self._reset_prefix_cache()
         with _caller_rng_preserved():
             if seed is None:
-                self._set_rng(self._sampler_rng)
+                self._sampler_rng.restore()
             else:
                 torch.manual_seed(seed)  # the CPU generator and every CUDA device's
                 np.random.seed(seed % 2**32)
                 random.seed(seed)
             yield
             if seed is None:
-                self._sampler_rng = self._get_rng()
-
-    def _get_rng(self) -> _RngState:
-        cuda = [torch.cuda.get_rng_state(index) for index in self._rng_devices]  # GPU-only
-        return _RngState(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
-
-    def _set_rng(self, state: _RngState) -> None:
-        torch.set_rng_state(state.torch)
-        for index, cuda_state in zip(self._rng_devices, state.cuda, strict=True):
-            torch.cuda.set_rng_state(cuda_state, index)  # GPU-only
-        np.random.set_state(state.numpy)
-        random.setstate(state.python)
+                self._sampler_rng = _RngState.capture(self._rng_devices)
 
     # -- weights and memory ---------------------------------------------------------------------------------------
 
@@ -400,15 +403,11 @@ def _to_sample(completion, prompt_token_ids: list[int], return_logprobs: bool) -
 @contextlib.contextmanager
 def _caller_rng_preserved() -> Iterator[None]:
     """Restore the global torch (CPU and CUDA), ``random`` and numpy generators on exit."""
-    python_state, numpy_state = random.getstate(), np.random.get_state()
     # GPU-only. An uninitialised CUDA has no state of the caller's to keep (and initialising it here would open a
     # context on every GPU).
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
-            if cuda_states is not None:
-                torch.cuda.set_rng_state_all(cuda_states)  # GPU-only
+    cuda_devices = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+    saved = _RngState.capture(cuda_devices)
+    try:
+        yield
+    finally:
+        saved.restore()
