@@ -24,9 +24,8 @@ def split_microbatches(
     sorted by length, longest first (ties in the given order), each microbatch as many rows as fit
     ``len(rows) × longest <= microbatch_tokens``; a sequence longer than the budget gets a microbatch of its own.
     """
-    rows = list(rows)
     if microbatch_tokens is None:
-        return [rows[start : start + microbatch_size] for start in range(0, len(rows), microbatch_size)]
+        return chunks(rows, microbatch_size)
     parts: list[list[int]] = []
     for row in sorted(rows, key=lambda index: -lengths[index]):
         # Sorted longest first: the current microbatch's first row is its longest.
@@ -35,6 +34,12 @@ def split_microbatches(
         else:
             parts.append([row])
     return parts
+
+
+def chunks(items: Sequence[int], size: int) -> list[list[int]]:
+    """Consecutive slices of ``size`` items (the last one shorter when ``size`` does not divide them)."""
+    items = list(items)
+    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 def sequence_lengths(response_mask: torch.Tensor) -> list[int]:

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from reasonrl.atomic import atomic_directory
-from reasonrl.batching import sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.data import examples_digest
 from reasonrl.errors import UserError
 from reasonrl.logprobs import get_response_log_probs
@@ -232,11 +232,6 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- training
-def step_batches(indices: list[int], size: int) -> list[list[int]]:
-    """Consecutive slices of ``size`` indices: the rollout batch cut into optimizer steps."""
-    return [indices[start : start + size] for start in range(0, len(indices), size)]
-
-
 def policy_log_probs(
     policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], precision: Precision, with_entropy: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -533,7 +528,7 @@ def run_grpo(
             for _ in range(config.epochs_per_rollout_batch):
                 order = list(range(len(batch.responses)))
                 order_rng.shuffle(order)
-                for rows in step_batches(order, config.train_batch_size):
+                for rows in chunks(order, config.train_batch_size):  # one optimizer step each
                     metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs)
                     checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
                     metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)

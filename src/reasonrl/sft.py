@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.atomic import atomic_directory
-from reasonrl.batching import sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.losses import sft_microbatch_train_step
@@ -97,11 +97,11 @@ def sft_steps(
     for _ in range(epochs):
         order = list(range(len(pairs)))
         order_rng.shuffle(order)
-        for start in range(0, len(order), config.batch_size):
+        for indices in chunks(order, config.batch_size):
             if step == total:
                 return
             started = time.perf_counter()
-            batch = [pairs[index] for index in order[start : start + config.batch_size]]
+            batch = [pairs[index] for index in indices]
             tensors = tokenize_prompt_and_output([p.prompt for p in batch], [p.response for p in batch], tokenizer)
             metrics = accumulate_sft_gradients(policy, tensors, config)
             tokens = metrics.pop("tokens")
