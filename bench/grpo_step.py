@@ -46,15 +46,14 @@ from pathlib import Path
 
 import torch
 
-from reasonrl.config import EngineConfig, GRPOConfig, TinyModelSpec
-from reasonrl.data import GSM8KExample, load_gsm8k, resolve_source
+from reasonrl.config import DataConfig, EngineConfig, GRPOConfig, TinyModelSpec
+from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resolve_source
 from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, optimizer_step, sample_rollouts, score_rollouts
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import load_policy
 
-DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 PROMPT = "r1_zero"
 STOP = ["</answer>"]
 BETAS = (0.9, 0.95)
@@ -210,8 +209,8 @@ def trl_steps(
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)  # before the engine starts: its OpenMP kernels share torch's threads
-    mirror = Path(resolve_source(None, str(DEFAULT_MIRROR)))
-    examples = load_gsm8k(mirror / "train.jsonl")
+    data = DataConfig()  # the official files, checksum-verified: from $GSM8K_MIRROR when set, else downloaded
+    examples = parse_lines(fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256)["train"], "GSM8K train")
     questions = examples[: args.questions]
     prompts = [format_prompt(load_prompt(PROMPT), example.question) for example in questions]
     config = GRPOConfig(

@@ -30,13 +30,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl.config import EngineConfig, TinyModelSpec
-from reasonrl.data import load_gsm8k, resolve_source
+from reasonrl.config import DataConfig, EngineConfig, TinyModelSpec
+from reasonrl.data import fetch_verified_gsm8k, parse_lines, resolve_source
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import format_prompt, load_prompt
 from reasonrl.rollout import RolloutEngine
-
-DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 
 def parse_args() -> argparse.Namespace:
@@ -107,8 +105,8 @@ def main() -> None:
     args = parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # before the engine starts: its OpenMP kernels share torch's threads
-    mirror = Path(resolve_source(None, str(DEFAULT_MIRROR)))
-    examples = load_gsm8k(mirror / "train.jsonl")
+    data = DataConfig()  # the official files, checksum-verified: from $GSM8K_MIRROR when set, else downloaded
+    examples = parse_lines(fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256)["train"], "GSM8K train")
     template = load_prompt("r1_zero")
     chosen = examples[: args.prompts]
     prompts = [format_prompt(template, example.question) for example in chosen]
