@@ -7,9 +7,8 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.expert_iteration import run_expert_iteration
-from reasonrl.memory import check_gpu_memory
-from reasonrl.rollout import RolloutEngine
-from reasonrl.sft import load_policy, save_policy
+from reasonrl.lora import trainable_parameter_count
+from reasonrl.sft import save_policy, start_training
 
 
 def main() -> None:
@@ -26,15 +25,18 @@ def main() -> None:
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
-    plan = check_gpu_memory(start, config, "ei", params.rollout)  # before any model loads
-    if plan:
-        print(f"expert iteration: {plan}")
-    engine = RolloutEngine(start, params.rollout)
-    policy, tokenizer = load_policy(start, engine.policy_device(), config.precision, config.gradient_checkpointing)
+    engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
     with open_live(args.live) as live:
         best = run_expert_iteration(policy, tokenizer, engine, train, val, config, params.eval, live)
     save_policy(policy, tokenizer, args.out, best.state_dict)
-    atomic_write_json(args.metrics, {"best_val_accuracy": best.accuracy, "best_round": best.step})
+    atomic_write_json(
+        args.metrics,
+        {
+            "best_val_accuracy": best.accuracy,
+            "best_round": best.step,
+            "trainable_parameters": trainable_parameter_count(policy),
+        },
+    )
     print(f"expert iteration: best validation accuracy {best.accuracy:.3f} after round {best.step}")
 
 

@@ -7,9 +7,8 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.grpo import remove_checkpoints, run_grpo
-from reasonrl.memory import check_gpu_memory
-from reasonrl.rollout import RolloutEngine
-from reasonrl.sft import load_policy, save_policy
+from reasonrl.lora import trainable_parameter_count
+from reasonrl.sft import save_policy, start_training
 
 
 def main() -> None:
@@ -27,11 +26,7 @@ def main() -> None:
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
-    plan = check_gpu_memory(start, config, "grpo", params.rollout)  # before any model loads
-    if plan:
-        print(f"grpo: {plan}")
-    engine = RolloutEngine(start, params.rollout)
-    policy, tokenizer = load_policy(start, engine.policy_device(), config.precision, config.gradient_checkpointing)
+    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout)
     best = run_grpo(
         policy,
         tokenizer,
@@ -47,7 +42,14 @@ def main() -> None:
     )
     save_policy(policy, tokenizer, Path(args.out) / "final")
     save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
-    atomic_write_json(args.metrics, {"best_val_accuracy": best.accuracy, "best_step": best.step})
+    atomic_write_json(
+        args.metrics,
+        {
+            "best_val_accuracy": best.accuracy,
+            "best_step": best.step,
+            "trainable_parameters": trainable_parameter_count(policy),
+        },
+    )
     remove_checkpoints(Path(args.checkpoints))
     print(f"grpo: best validation accuracy {best.accuracy:.3f} at step {best.step}")
 

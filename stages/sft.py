@@ -6,9 +6,8 @@ from reasonrl.atomic import atomic_write_json
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
-from reasonrl.memory import check_gpu_memory
-from reasonrl.rollout import RolloutEngine
-from reasonrl.sft import Pair, load_policy, run_sft, save_policy
+from reasonrl.lora import trainable_parameter_count
+from reasonrl.sft import Pair, run_sft, save_policy, start_training
 
 
 def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
@@ -32,17 +31,18 @@ def main() -> None:
     pairs = load_pairs(Path(args.pairs) / f"{config.dataset}.jsonl", config.num_examples)
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
-    plan = check_gpu_memory(args.model, config, "sft", params.rollout)  # before any model loads
-    if plan:
-        print(f"sft: {plan}")
-    engine = RolloutEngine(args.model, params.rollout)
-    policy, tokenizer = load_policy(args.model, engine.policy_device(), config.precision, config.gradient_checkpointing)
+    engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
     with open_live(args.live) as live:
         best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live)
     save_policy(policy, tokenizer, args.out, best.state_dict)
     atomic_write_json(
         args.metrics,
-        {"best_val_accuracy": best.accuracy, "best_step": best.step, "train_pairs": len(pairs)},
+        {
+            "best_val_accuracy": best.accuracy,
+            "best_step": best.step,
+            "train_pairs": len(pairs),
+            "trainable_parameters": trainable_parameter_count(policy),
+        },
     )
     print(f"sft: best validation accuracy {best.accuracy:.3f} at step {best.step}; saved to {args.out}")
 

@@ -239,8 +239,37 @@ class BaselineConfig:
         _require(bool(self.prompts), "baseline.prompts", "must name at least one prompt")
 
 
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""Every linear layer of a Qwen2/Llama decoder block: adapting the MLPs as well as attention is what lets LoRA match
+full fine-tuning in RL (Schulman et al., "LoRA Without Regret", 2025)."""
+
+
 @dataclass(frozen=True)
-class SFTOptimization:
+class LoRAOptions:
+    """LoRA instead of full fine-tuning (``reasonrl.lora``): fields shared by ``sft``, ``ei`` and ``grpo``."""
+
+    lora_rank: int = 0
+    """Rank r of the adapters; 0 = full fine-tuning. LoRA trains ~1% of the parameters (rank 16 on the 1.5B model),
+    so gradients and AdamW state shrink with them; it wants a learning rate ~10× full fine-tuning's."""
+    lora_alpha: float = 32.0
+    """Scale of the update: W + (alpha / r)·B·A."""
+    lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGET_MODULES))
+    """Names of the linear layers to adapt (the last component of a module's name)."""
+
+    def _validate_lora(self, section: str) -> None:
+        _require(
+            self.lora_rank >= 0, f"{section}.lora_rank", f"must be ≥ 0 (0 = full fine-tuning), got {self.lora_rank}"
+        )
+        _require(self.lora_alpha > 0, f"{section}.lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        _require(
+            len(self.lora_target_modules) > 0 and all(re.fullmatch(r"\w+", m) for m in self.lora_target_modules),
+            f"{section}.lora_target_modules",
+            f"must be a non-empty list of module names such as q_proj, got {self.lora_target_modules}",
+        )
+
+
+@dataclass(frozen=True)
+class SFTOptimization(LoRAOptions):
     """Optimisation of one supervised fine-tuning run (shared by ``sft`` and each expert-iteration round)."""
 
     learning_rate: float = 2e-5
@@ -267,6 +296,7 @@ class SFTOptimization:
     """Data order and any training randomness."""
 
     def _validate_optimization(self, section: str) -> None:
+        self._validate_lora(section)
         _require(self.learning_rate > 0, f"{section}.learning_rate", f"must be > 0, got {self.learning_rate}")
         _require(0 <= self.warmup_ratio < 1, f"{section}.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         _require(self.microbatch_size >= 1, f"{section}.microbatch_size", "must be ≥ 1")
@@ -339,7 +369,7 @@ class EIConfig(SFTOptimization):
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(LoRAOptions):
     """``grpo``: GRPO with a verifiable reward (handout Algorithm 3 and section 8)."""
 
     n_grpo_steps: int = 200
@@ -422,6 +452,7 @@ class GRPOConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self._validate_lora("grpo")
         positive = (
             "n_grpo_steps rollout_batch_size group_size max_tokens epochs_per_rollout_batch train_batch_size "
             "gradient_accumulation_steps eval_every eval_examples checkpoint_every max_consecutive_nonfinite "

