@@ -9,19 +9,21 @@ layers, 12 heads / 2 KV heads, MLP 8960, vocabulary 151,936, tied embeddings), a
 - the old-log-prob pass over the same responses: ``reasonrl.grpo.compute_old_log_probs``;
 - one SFT optimizer step over 32 of them: ``reasonrl.sft.accumulate_sft_gradients`` + clipping + AdamW.
 
-Settings: the handout's (pure bf16, fixed microbatches of 2), bf16 with token-budget microbatches, and the new
-defaults (``mixed`` precision: fp32 master weights under bf16 autocast, token budget ``--microbatch-tokens``). Each
-runs one untimed warm-up step, then ``--steps`` timed ones (median). MFU counts 6 FLOPs per parameter and real
-(unpadded) token for a training step, 2 for the old-log-prob pass, against ``--peak-tflops`` (dense bf16 of the GPU:
-989 for an H100/H200). Peak memory is ``torch.cuda.max_memory_allocated`` per setting.
+Settings: the handout's (pure bf16, fixed microbatches of 2), bf16 with token-budget microbatches, the new
+defaults (``mixed`` precision: fp32 master weights under bf16 autocast, token budget ``--microbatch-tokens``), and the
+defaults with LoRA adapters of rank ``--lora-rank`` on every linear layer. Each runs one untimed warm-up step, then
+``--steps`` timed ones (median). MFU counts 6 FLOPs per parameter and real (unpadded) token for a training step (4
+with LoRA: no weight gradients for the frozen matrices), 2 for the old-log-prob pass, against ``--peak-tflops`` (dense
+bf16 of the GPU: 989 for an H100/H200). Peak memory is ``torch.cuda.max_memory_allocated`` per setting; the AdamW
+state is the bytes of the optimizer's moment tensors after the GRPO steps.
 
 Imports no vLLM, so it runs on a bare GPU machine with torch and transformers and no network::
 
     PYTHONPATH=src python3 bench/gpu_train_step.py                  # the 1.5B shape on cuda:0 (a few minutes)
     PYTHONPATH=src python3 bench/gpu_train_step.py --shape small --device cpu --peak-tflops 1   # CI smoke run
 
-The last line is the headline: the defaults' GRPO-step MFU and their speed-up over the handout's microbatches,
-measured in the same run.
+The last line is the headline: the defaults' GRPO-step MFU and their speed-up over the handout's microbatches, and
+LoRA's AdamW state as a fraction of full fine-tuning's, measured in the same run.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ from reasonrl.grpo import (
     make_optimizer,
     optimizer_step,
 )
+from reasonrl.lora import trainable_parameters
 from reasonrl.models import policy_dtype
-from reasonrl.sft import accumulate_sft_gradients
+from reasonrl.sft import accumulate_sft_gradients, prepare_for_training
 from reasonrl.sft import make_optimizer as make_sft_optimizer
 from reasonrl.tokenization import batch_from_token_ids
 
@@ -72,6 +75,7 @@ class Setting:
     microbatch_size: int
     microbatch_tokens: int | None
     old_log_probs_microbatch_tokens: int | None
+    lora_rank: int = 0
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,6 +88,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--microbatch-tokens", type=int, default=8192, help="training token budget of the defaults")
     parser.add_argument("--old-log-probs-microbatch-tokens", type=int, default=65536)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--lora-rank", type=int, default=16, help="rank of the LoRA setting")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per measurement (after one warm-up)")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: from its name)")
     return parser.parse_args()
@@ -99,14 +104,12 @@ def peak_tflops(device: torch.device, given: float | None) -> float:
     raise SystemExit(f"no known bf16 peak for {name!r}: pass --peak-tflops")
 
 
-def build_policy(shape: str, device: torch.device, precision: str, checkpointing: bool) -> Qwen2ForCausalLM:
+def build_policy(shape: str, device: torch.device, config: GRPOConfig, checkpointing: bool) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(**SHAPES[shape], attn_implementation="sdpa", use_cache=False)
+    model_config = Qwen2Config(**SHAPES[shape], attn_implementation="sdpa", use_cache=False)
     with torch.device(device):
-        policy = Qwen2ForCausalLM(config).to(policy_dtype(device, precision))
-    if checkpointing:
-        policy.gradient_checkpointing_enable()
-    return policy.train()
+        policy = Qwen2ForCausalLM(model_config).to(policy_dtype(device, config.precision))
+    return prepare_for_training(policy, checkpointing, lora=config)
 
 
 def rollout_batch(args: argparse.Namespace, vocab_size: int) -> RolloutBatch:
@@ -149,8 +152,9 @@ def timed(function: Callable[[], None], device: torch.device, steps: int) -> tup
     return statistics.median(seconds), peak
 
 
-def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, steps: int) -> tuple[float, float]:
-    """One optimizer step over the whole batch, as ``run_grpo`` takes it; the optimizer lives for this measurement."""
+def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, steps: int) -> tuple[float, float, float]:
+    """One optimizer step over the whole batch, as ``run_grpo`` takes it; the optimizer lives for this measurement.
+    Also returns the GiB of AdamW state it ended with."""
     optimizer, guard = make_optimizer(policy, config), NonFiniteGuard(limit=10**9)
     rows = list(range(len(batch.responses)))
 
@@ -158,7 +162,9 @@ def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, step
         accumulate_gradients(policy, batch, rows, None, config)
         optimizer_step(policy, optimizer, config, guard, 0, {})
 
-    return timed(step, device, steps)
+    seconds, memory = timed(step, device, steps)
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim() > 0)
+    return seconds, memory, state / 2**30
 
 
 def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, device, steps: int) -> tuple[float, float]:
@@ -167,7 +173,7 @@ def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, dev
 
     def step() -> None:
         accumulate_sft_gradients(policy, batch, config)
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -176,10 +182,6 @@ def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, dev
 
 def measure(args: argparse.Namespace, setting: Setting, device: torch.device, peak: float) -> dict[str, float]:
     """MFU of the GRPO step, the old-log-prob pass and the SFT step in one setting (each line printed)."""
-    policy = build_policy(args.shape, device, setting.precision, args.gradient_checkpointing)
-    parameters = sum(p.numel() for p in policy.parameters())
-    batch = rollout_batch(args, policy.config.vocab_size)
-    tokens = sum(batch.sequence_lengths)
     grpo = GRPOConfig(
         rollout_batch_size=args.responses,
         group_size=8,
@@ -189,10 +191,19 @@ def measure(args: argparse.Namespace, setting: Setting, device: torch.device, pe
         old_log_probs_microbatch_tokens=setting.old_log_probs_microbatch_tokens,
         precision=setting.precision,
         learning_rate=1e-6,
+        lora_rank=setting.lora_rank,
     )
+    policy = build_policy(args.shape, device, grpo, args.gradient_checkpointing)
+    parameters = sum(p.numel() for p in policy.parameters())
+    # A training step is 2 FLOPs per parameter and token forward, 2 for the input gradients, and 2 more for the
+    # weight gradients, which LoRA computes for its adapters only.
+    train_flops = 4 * parameters if setting.lora_rank else 6 * parameters
+    batch = rollout_batch(args, policy.config.vocab_size)
+    tokens = sum(batch.sequence_lengths)
     results = {}
-    seconds, memory = time_grpo_step(policy, batch, grpo, device, args.steps)
-    results["grpo"] = report("grpo step", setting, seconds, tokens, 6 * parameters * tokens, peak, memory)
+    seconds, memory, results["adamw_gib"] = time_grpo_step(policy, batch, grpo, device, args.steps)
+    results["grpo"] = report("grpo step", setting, seconds, tokens, train_flops * tokens, peak, memory)
+    print(f"{'AdamW state':<14} {setting.name:<34} {results['adamw_gib']:7.3f} GiB", flush=True)
     seconds, memory = timed(lambda: compute_old_log_probs(policy, batch, grpo), device, args.steps)
     results["old"] = report("old log-probs", setting, seconds, tokens, 2 * parameters * tokens, peak, memory)
 
@@ -208,10 +219,11 @@ def measure(args: argparse.Namespace, setting: Setting, device: torch.device, pe
         microbatch_tokens=setting.microbatch_tokens,
         precision=setting.precision,
         learning_rate=1e-6,
+        lora_rank=setting.lora_rank,
     )
     sft_tokens = sum(batch.sequence_lengths[row] for row in sft_rows)
     seconds, memory = time_sft_step(policy, sft_batch, sft, device, args.steps)
-    results["sft"] = report("sft step", setting, seconds, sft_tokens, 6 * parameters * sft_tokens, peak, memory)
+    results["sft"] = report("sft step", setting, seconds, sft_tokens, train_flops * sft_tokens, peak, memory)
     return results
 
 
@@ -234,6 +246,7 @@ def main() -> None:
         Setting("handout: bf16, microbatches of 2", "bf16", 2, None, None),
         Setting(f"bf16, {budget}-token microbatches", "bf16", 2, budget, old_budget),
         Setting(f"defaults: mixed, {budget}-token", "mixed", 2, budget, old_budget),
+        Setting(f"defaults + LoRA rank {args.lora_rank}", "mixed", 2, budget, old_budget, args.lora_rank),
     ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
@@ -247,10 +260,12 @@ def main() -> None:
         results[setting.name] = measure(args, setting, device, peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next setting's peak is its own
-    handout, bf16, defaults = (results[setting.name]["grpo"] for setting in settings)
+    handout, bf16, defaults, _ = (results[setting.name]["grpo"] for setting in settings)
+    full_state, lora_state = (results[setting.name]["adamw_gib"] for setting in settings[2:])
     print(
-        f"gpu_train_step: GRPO step MFU {100 * defaults:.1f}% at the defaults ({settings[-1].name}; bf16 "
-        f"{100 * bf16:.1f}%), {defaults / handout:.2f}x the speed of the handout's microbatches of 2"
+        f"gpu_train_step: GRPO step MFU {100 * defaults:.1f}% at the defaults ({settings[2].name}; bf16 "
+        f"{100 * bf16:.1f}%), {defaults / handout:.2f}x the speed of the handout's microbatches of 2; "
+        f"LoRA rank {args.lora_rank} AdamW state {lora_state / full_state:.3f}x full fine-tuning's"
     )  # MFU ratio = speed ratio: the same FLOPs
 
 

@@ -100,13 +100,13 @@ def test_the_prompt_ablation_grades_grpo_with_its_own_prompt(repo):
 
 
 def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
-    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering and two samples per question, all on at
-    once in one ``dvc exp run``: each shows up in the curves or the metrics it promises."""
+    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering, LoRA and two samples per question, all on
+    at once in one ``dvc exp run``: each shows up in the curves or the metrics it promises."""
     clone, env = repo
     recipes = {
         "grpo.loss_type": "grpo_clip", "grpo.epochs_per_rollout_batch": 2, "grpo.cliprange_high": 0.28,
         "grpo.kl_coef": 0.1, "grpo.dynamic_sampling": "true", "grpo.max_sampling_rounds": 2,
-        "grpo.mask_truncated": "true", "eval.samples_per_question": 2,
+        "grpo.mask_truncated": "true", "eval.samples_per_question": 2, "grpo.lora_rank": 8,
         "grpo.init_model": "sft", "ei.init_model": "sft",  # as the CPU preset has them (an earlier test moved them)
     }  # fmt: skip
     overrides = [arg for key, value in recipes.items() for arg in ("-S", f"{key}={value}")]
@@ -116,6 +116,10 @@ def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
         assert final[route]["n"] == 48 and final[route]["samples_per_question"] == 2
         assert set(final[route]["pass_at_k"]) == {"1", "2"} and 0 <= final[route]["majority_accuracy"] <= 1
     assert final["grpo"]["paired"]["reference"] == "sft"  # the CPU preset's grpo.init_model
+    grpo = json.loads((clone / "reports/grpo/metrics.json").read_text())
+    sft = json.loads((clone / "reports/sft/metrics.json").read_text())
+    assert 0 < grpo["trainable_parameters"] < 0.2 * sft["trainable_parameters"]  # adapters vs the full model
+    assert not list((clone / "models/grpo/best").glob("adapter_*"))  # merged: final_eval loaded a plain HF model
     curves = clone / "reports/grpo/live/plots/metrics"
     for metric in ("train/kl", "train/clip_fraction_high", "train/clip_fraction_low", "rollout/sampling_rounds",
                    "rollout/dropped_groups", "rollout/truncated_fraction"):  # fmt: skip

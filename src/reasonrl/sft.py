@@ -59,19 +59,27 @@ def load_policy(
     """The policy on ``device`` in the dtype of ``precision`` (see :func:`reasonrl.models.policy_dtype`), with LoRA
     adapters when ``lora.lora_rank`` > 0."""
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device, precision)).to(device)
-    if lora is not None and lora.lora_rank > 0:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return prepare_for_training(policy, gradient_checkpointing, lora), tokenizer
+
+
+def prepare_for_training(
+    policy: PreTrainedModel, gradient_checkpointing: bool = False, lora: LoRASettings | None = None
+) -> PreTrainedModel:
+    """``policy`` in train mode with LoRA adapters (when ``lora.lora_rank`` > 0) and gradient checkpointing."""
+    lora_on = lora is not None and lora.lora_rank > 0
+    if lora_on:
         add_lora(policy, lora)
     if gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         policy.config.use_cache = False
-        if lora is not None and lora.lora_rank > 0:
+        if lora_on:
             # The frozen embeddings give the checkpointed blocks inputs without grad: no gradient would reach the
             # adapters inside them.
             policy.enable_input_require_grads()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return policy.train(), tokenizer
+    return policy.train()
 
 
 def start_training(
