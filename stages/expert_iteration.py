@@ -1,5 +1,6 @@
 """Stage expert_iteration: rounds of sampling, keeping correct answers and fine-tuning on them."""
 
+import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
@@ -19,6 +20,7 @@ def main() -> None:
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
+    started = time.perf_counter()
     params = load_params(args.params)
     config = params.ei
     start = args.init
@@ -35,6 +37,7 @@ def main() -> None:
             "best_val_accuracy": best.accuracy,
             "best_round": best.step,
             "trainable_parameters": trainable_parameter_count(policy),
+            "wall_clock_seconds": round(time.perf_counter() - started, 1),
         },
     )
     print(f"expert iteration: best validation accuracy {best.accuracy:.3f} after round {best.step}")

@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
+from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
@@ -54,6 +55,9 @@ def main() -> None:
     parser.add_argument("--prompt", action="append", default=[], help="NAME=PROMPT: the prompt NAME trained with")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
     parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
+    parser.add_argument(
+        "--crosscheck", required=True, help="JSON to write: each model's answers math-verify grades differently"
+    )
     args = parser.parse_args()
     params = load_params(args.params)
     models = parse_models(args.model)
@@ -65,16 +69,20 @@ def main() -> None:
     results = evaluate_checkpoints(engine, models, test, prompts, params.eval, seed=params.rollout.seed)
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
     add_paired_comparisons(results, {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model})
+    # A second, independent grader on every answer: its disagreements with ours go to the report.
+    disagreements = add_grader_crosschecks(results)
     with atomic_directory(args.generations) as staging:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
+    atomic_write_json(args.crosscheck, disagreements)
     atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
     for name, result in results.items():
         metrics = result.metrics
         interval = 1.96 * metrics["accuracy_stderr"]
         print(
             f"{name} ({metrics['prompt']} prompt): test accuracy {metrics['accuracy']:.3f} ± {interval:.3f} "
-            f"(n={metrics['n']}), format rate {metrics['format_rate']:.3f}"
+            f"(n={metrics['n']}), format rate {metrics['format_rate']:.3f}, math-verify agrees with the grader on "
+            f"{metrics['grader_agreement']:.3f}"
         )
 
 

@@ -1,13 +1,15 @@
 """Stage grpo: GRPO from the base, SFT or EI model; keeps the best (validation) and the final policy. Resumable."""
 
+import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
+from reasonrl.distributed import init_ranks
 from reasonrl.grpo import remove_checkpoints, run_grpo
-from reasonrl.lora import trainable_parameter_count
+from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.sft import save_policy, start_training
 
 
@@ -20,12 +22,14 @@ def main() -> None:
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves and example rollouts")
     args = parser.parse_args()
+    started = time.perf_counter()
     params = load_params(args.params)
     config = params.grpo
     start = args.init
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
+    ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
     engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout)
     best = run_grpo(
         policy,
@@ -39,8 +43,13 @@ def main() -> None:
         live_dir=Path(args.live),
         checkpoint_dir=Path(args.checkpoints),
         init_model_dir=start,
+        distributed=params.distributed,
+        ranks=ranks,
     )
-    save_policy(policy, tokenizer, Path(args.out) / "final")
+    final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
+    if not ranks.is_main:
+        return
+    save_policy(policy, tokenizer, Path(args.out) / "final", final)
     save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
     atomic_write_json(
         args.metrics,
@@ -48,6 +57,7 @@ def main() -> None:
             "best_val_accuracy": best.accuracy,
             "best_step": best.step,
             "trainable_parameters": trainable_parameter_count(policy),
+            "wall_clock_seconds": round(time.perf_counter() - started, 1),
         },
     )
     remove_checkpoints(Path(args.checkpoints))

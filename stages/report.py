@@ -1,4 +1,5 @@
-"""Stage report: the routes' test accuracy, training curves, example rollouts and ablations as Markdown and HTML.
+"""Stage report: the routes' test accuracy, training curves, example rollouts and ablations as Markdown and HTML,
+and the headline metrics file that ``dvc exp show`` opens with.
 
 The ablation table lists the DVC experiments of the current commit (``dvc exp show --json``). DVC sets
 ``DVC_ROOT`` and, in an experiment, ``DVC_EXP_NAME`` for a stage's command; this script is the one place that
@@ -16,6 +17,7 @@ from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.report import ReportInputs, build_report
 from reasonrl.report.document import render_html, render_markdown
+from reasonrl.report.headline import write_headline
 
 
 def main() -> None:
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="Markdown report to write")
     parser.add_argument("--html", required=True, help="self-contained HTML report to write")
     parser.add_argument("--figures", required=True, help="directory for the PNG figures")
+    parser.add_argument("--headline", required=True, help="headline metrics JSON to write (test accuracy per route, …)")
     args = parser.parse_args()
     load_params(args.params)  # a report of a run with invalid params would mislead
     inputs = ReportInputs(
@@ -42,6 +45,7 @@ def main() -> None:
             (staging / name).write_bytes(png)
     atomic_write_text(args.out, render_markdown(report.blocks, figures_prefix))
     atomic_write_text(args.html, render_html(report.blocks, report.figures))
+    write_headline(inputs.reports_dir, Path(args.headline))
     print(f"report: {args.out}, {args.html} ({len(report.figures)} figures in {args.figures})")
 
 

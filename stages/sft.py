@@ -1,5 +1,6 @@
 """Stage sft: fine-tune the base model on SFT pairs; keep the checkpoint with the best validation accuracy."""
 
+import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
+    started = time.perf_counter()
     params = load_params(args.params)
     config = params.sft
     pairs = load_pairs(Path(args.pairs) / f"{config.dataset}.jsonl", config.num_examples)
@@ -42,6 +44,7 @@ def main() -> None:
             "best_step": best.step,
             "train_pairs": len(pairs),
             "trainable_parameters": trainable_parameter_count(policy),
+            "wall_clock_seconds": round(time.perf_counter() - started, 1),
         },
     )
     print(f"sft: best validation accuracy {best.accuracy:.3f} at step {best.step}; saved to {args.out}")

@@ -49,6 +49,16 @@ def test_two_experiments_then_metrics_diff_and_ablation_table(repo):
     for route in ("base", "sft", "ei"):
         assert second[route] == final[route]
 
+    # The headline leads `dvc exp show`, and the README's `dvc metrics diff --targets` shows it alone.
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], clone, env))
+    assert next(iter(shown[0]["data"]["metrics"])) == "reports/headline.json"
+    headline = json.loads(
+        run(["dvc", "metrics", "diff", "reference", "no-baseline", "--targets", "reports/headline.json", "--all",
+             "--json"], clone, env)
+    )  # fmt: skip
+    assert list(headline) == ["reports/headline.json"]
+    assert headline["reports/headline.json"]["test_accuracy.grpo"] == grpo_accuracy
+
     report = (clone / "reports/report.md").read_text()
     table = report[report.index("## Ablations") :]
     assert "reference" in table and "no-baseline" in table and "no_baseline" in table

@@ -73,12 +73,13 @@ def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     result = subprocess.run(
         [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(params_file),
          "--data", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
-         "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g")],
+         "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g"),
+         "--crosscheck", str(tmp_path / "c.json")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2
     assert f"error: {tmp_path / 'missing'}: not a Hugging Face model directory" in result.stderr
-    assert not (tmp_path / "m.json").exists() and not (tmp_path / "g").exists()
+    assert not any((tmp_path / name).exists() for name in ("m.json", "g", "c.json"))
 
 
 def test_pass_at_k_is_the_unbiased_estimator_by_hand():

@@ -13,12 +13,21 @@ from pathlib import Path
 
 import pytest
 
+import reasonrl.report
 from reasonrl.cli import open_live
 from reasonrl.evaluation import summarize
 from reasonrl.report import ReportInputs, build_report, paired_sentences
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
-from reasonrl.report.inputs import ReportInputError, flatten, grpo_evaluations, pick_example_files, read_params
+from reasonrl.report.headline import headline_metrics
+from reasonrl.report.inputs import (
+    ROUTES,
+    ReportInputError,
+    flatten,
+    grpo_evaluations,
+    pick_example_files,
+    read_params,
+)
 from reasonrl.report.tables import per_question_table, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +39,38 @@ BASELINE_COUNTS = {"r1_zero": (1, 2, 7), "question_only": (2, 0, 8)}
 LENGTHS = {"correct": 40, "format_only": 60, "neither": 100}
 # GRPO as run_grpo logs it: 2 optimizer steps per GRPO step, evaluation every 2 GRPO steps and at the end.
 GRPO_STEPS, OPTIMIZER_STEPS_PER_STEP, GRPO_EVAL_EVERY, SECONDS_PER_STEP = 6, 2, 2, 1.5
+WALL_CLOCK_SECONDS = {"sft": 61.5, "ei": 40.25, "grpo": 95.0}  # each stage's metrics.json
 GRPO_ACCURACY = {0: 0.1, 2: 0.2, 4: 0.25, 6: 0.4}
+
+
+def disagreement(index: int, ground_truth: str, answer: str, ours: bool) -> dict:
+    return {"question_index": index, "ground_truth": ground_truth, "answer": answer, "ours_correct": ours,
+            "math_verify_correct": not ours}  # fmt: skip
+
+
+# The answers math-verify grades differently from ours, per route, as final_eval writes them.
+CROSSCHECK = {
+    "base": [],
+    "sft": [disagreement(4, "5", "2+3", False)],
+    "ei": [],
+    "grpo": [
+        disagreement(1, "-3", "\u22123", True),
+        disagreement(7, "3", "x | y\n" + "9" * 100, True),  # a pipe, a newline, and too long for a cell
+        disagreement(8, "12", "12 or 13", False),
+    ],
+}
+
+
+def final_summaries() -> dict[str, dict]:
+    """Each route's summary with its cross-check, both from the hand-made answers above (10 per route)."""
+    summaries = {}
+    for route, counts in COUNTS.items():
+        found = len(CROSSCHECK[route])
+        summaries[route] = summarize(graded(*counts)) | {
+            "grader_agreement": (sum(counts) - found) / sum(counts),
+            "grader_disagreements": found,
+        }
+    return summaries
 
 
 def graded(correct: int, format_only: int, neither: int) -> list[dict]:
@@ -102,14 +142,17 @@ def write_grpo_live(live_dir: Path) -> None:
 def reports_dir(tmp_path_factory) -> Path:
     reports = tmp_path_factory.mktemp("reports")
     (reports / "final").mkdir()
-    (reports / "final" / "metrics.json").write_text(json.dumps({r: summarize(graded(*c)) for r, c in COUNTS.items()}))
+    (reports / "final" / "metrics.json").write_text(json.dumps(final_summaries()))
+    (reports / "final" / "grader_crosscheck.json").write_text(json.dumps(CROSSCHECK))
     (reports / "baseline").mkdir()
     baseline = {name: summarize(graded(*c)) for name, c in BASELINE_COUNTS.items()}
     (reports / "baseline" / "metrics.json").write_text(json.dumps(baseline))
     write_sft_live(reports / "sft" / "live")
     write_ei_live(reports / "ei" / "live")
     write_grpo_live(reports / "grpo" / "live")
-    (reports / "grpo" / "metrics.json").write_text(json.dumps({"best_val_accuracy": 0.4, "best_step": 6}))
+    for stage, seconds in WALL_CLOCK_SECONDS.items():
+        metrics = {"best_val_accuracy": 0.4, "best_step": 6} if stage == "grpo" else {"best_val_accuracy": 0.3}
+        (reports / stage / "metrics.json").write_text(json.dumps(metrics | {"wall_clock_seconds": seconds}))
     return reports
 
 
@@ -186,6 +229,17 @@ def test_report_tables_figures_and_html(reports_dir, report_params_file):
     assert "````text\nstep 6 #0 <answer> 5 </answer> & ```\n````" in markdown
     assert "No experiments" in markdown
 
+    # Grader cross-check: agreement per route from the metrics, every disagreement listed (none over the cap).
+    assert "## Grader cross-check (math-verify)" in markdown
+    for route, row in {"base": "100.0% | 0", "sft": "90.0% | 1", "ei": "100.0% | 0", "grpo": "70.0% | 3"}.items():
+        assert f"| {route} | {row} |" in markdown
+    assert '| sft | 4 | 5 | "2+3" | wrong | right |' in markdown
+    assert '| grpo | 1 | -3 | "\u22123" | right | wrong |' in markdown
+    clipped = '"x \\| y\\n' + "9" * 71 + "…"  # JSON-escaped and clipped to 80 characters, then the pipe escaped
+    assert f"| grpo | 7 | 3 | {clipped} | right | wrong |" in markdown
+    assert "<td>&quot;2+3&quot;</td><td>wrong</td><td>right</td>" in page
+    assert "At most 10 per route are listed; all are in" in markdown and "more for" not in markdown
+
 
 def test_missing_optional_inputs_are_named(reports_dir, report_params_file, tmp_path):
     reports = tmp_path / "reports"
@@ -198,6 +252,35 @@ def test_missing_optional_inputs_are_named(reports_dir, report_params_file, tmp_
     assert "ei `train/entropy`" in markdown and "ei `rollout/response_length`" in markdown
     assert f"`{(reports / 'baseline' / 'metrics.json').as_posix()}` is missing" in markdown
     assert "Not available: no `step_*.json`" in markdown
+
+
+def test_disagreements_over_the_cap_are_counted(reports_dir, report_params_file, monkeypatch):
+    monkeypatch.setattr(reasonrl.report, "DISAGREEMENTS_SHOWN", 2)
+    markdown = render_markdown(build_report(ReportInputs(reports_dir, report_params_file)).blocks)
+    assert "| grpo | 1 | -3 |" in markdown and "| grpo | 7 | 3 |" in markdown
+    assert "| grpo | 8 | 12 |" not in markdown
+    assert "At most 2 per route are listed, and 1 more for GRPO; all are in" in markdown
+
+
+def test_missing_or_malformed_crosscheck(reports_dir, report_params_file, tmp_path):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    crosscheck = reports / "final" / "grader_crosscheck.json"
+    crosscheck.unlink()
+    markdown = render_markdown(build_report(ReportInputs(reports, report_params_file)).blocks)
+    assert "| grpo | 70.0% | 3 |" in markdown
+    assert f"Disagreements not listed: `{crosscheck.as_posix()}` is missing." in markdown
+    crosscheck.write_text(json.dumps({"grpo": [{"question_index": 1}]}))
+    with pytest.raises(ReportInputError, match=f"{re.escape(str(crosscheck))}: grpo: expected a list of disagreements"):
+        build_report(ReportInputs(reports, report_params_file))
+
+
+def test_final_metrics_without_a_crosscheck_say_so(reports_dir, report_params_file, tmp_path):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    (reports / "final" / "metrics.json").write_text(json.dumps({r: summarize(graded(*c)) for r, c in COUNTS.items()}))
+    markdown = render_markdown(build_report(ReportInputs(reports, report_params_file)).blocks)
+    assert "Not available: no route in `final/metrics.json` records `grader_agreement`." in markdown
 
 
 def test_missing_final_metrics_names_the_file(tmp_path, report_params_file):
@@ -213,7 +296,10 @@ def run_stage_script(monkeypatch, cwd: Path, *args: str) -> None:
     runpy.run_path(str(ROOT / "stages" / "report.py"), run_name="__main__")
 
 
-STAGE_ARGS = ("--reports", "reports", "--out", "reports/report.md", "--html", "reports/report.html")
+STAGE_ARGS = (
+    "--reports", "reports", "--out", "reports/report.md", "--html", "reports/report.html",
+    "--headline", "reports/headline.json",
+)  # fmt: skip
 
 
 def test_stage_outside_a_dvc_repository_warns_and_writes_everything(reports_dir, tmp_path, monkeypatch, capsys):
@@ -229,6 +315,8 @@ def test_stage_outside_a_dvc_repository_warns_and_writes_everything(reports_dir,
     for link in links:
         assert (tmp_path / "reports" / link).read_bytes().startswith(PNG_MAGIC)
     assert "data:image/png;base64," in (tmp_path / "reports" / "report.html").read_text(encoding="utf-8")
+    headline = json.loads((tmp_path / "reports" / "headline.json").read_text(encoding="utf-8"))
+    assert headline == headline_metrics(reports_dir) and headline["test_accuracy"]["grpo"] == 0.6
 
 
 def test_stage_without_final_metrics_exits_with_the_file_name(tmp_path, monkeypatch, capsys):
@@ -364,3 +452,45 @@ def test_paired_comparisons_are_reported_per_route():
                            "mcnemar_p_value": 4.1e-05}},
     }  # fmt: skip
     assert paired_sentences(final) == ["SFT vs BASE: 41 answers right only for SFT, 12 only for BASE, p = 4.1e-05"]
+
+
+# ---------------------------------------------------------------------------------------- headline metrics
+def test_headline_is_read_from_the_route_metrics(reports_dir, tmp_path):
+    headline = headline_metrics(reports_dir)
+    assert headline == {
+        "test_accuracy": {route: counts[0] / sum(counts) for route, counts in COUNTS.items()},
+        "grpo_best_val_accuracy": 0.4,
+        "wall_clock_seconds": WALL_CLOCK_SECONDS,
+    }
+    # In reading order, which is the order `dvc exp show` gives the columns: routes as final_eval runs them.
+    assert list(headline) == ["test_accuracy", "grpo_best_val_accuracy", "wall_clock_seconds"]
+    assert list(headline["wall_clock_seconds"]) == ["sft", "ei", "grpo"]
+    assert list(headline["test_accuracy"]) == list(ROUTES)
+
+    # Other metrics, other headline; without GRPO's files its numbers are null.
+    reports = tmp_path / "reports"
+    (reports / "final").mkdir(parents=True)
+    final = final_summaries()
+    final["grpo"]["accuracy"] = 0.77
+    (reports / "final" / "metrics.json").write_text(json.dumps(final))
+    headline = headline_metrics(reports)
+    assert headline["test_accuracy"]["grpo"] == 0.77
+    assert headline["grpo_best_val_accuracy"] is None
+    assert headline["wall_clock_seconds"] == {"sft": None, "ei": None, "grpo": None}
+
+
+def test_headline_without_final_metrics_names_the_file(tmp_path):
+    with pytest.raises(ReportInputError, match=re.escape(str(tmp_path / "final" / "metrics.json"))):
+        headline_metrics(tmp_path)
+
+
+def test_headline_is_the_first_metric_file_dvc_lists(tmp_path, full_scale_params):
+    """`dvc exp show` and `dvc metrics show` list metric files in the order of DVC's index (dvc.yaml's declaration
+    order), so the headline's columns come first."""
+    from dvc.repo import Repo
+
+    shutil.copy2(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    (tmp_path / "params.yaml").write_text(full_scale_params, encoding="utf-8")
+    with Repo(str(tmp_path), uninitialized=True) as repo:
+        metrics = [out.def_path for out in repo.index.metrics]
+    assert metrics[0] == "reports/headline.json" and "reports/baseline/metrics.json" in metrics[1:]

@@ -124,7 +124,12 @@ def test_directories_are_directory_outputs(workflow_copy):
 
 def test_all_targets_the_report(workflow_copy):
     jobs = snakemake_jobs(workflow_copy())
-    assert set(map(str, jobs["all"].input)) == {"reports/report.md", "reports/report.html", "reports/figures"}
+    assert set(map(str, jobs["all"].input)) == {
+        "reports/report.md",
+        "reports/report.html",
+        "reports/figures",
+        "reports/headline.json",
+    }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUT_GPUS))
@@ -173,5 +178,12 @@ def test_snakemake_runs_the_tiny_pipeline_to_the_report(tmp_path):
     final = json.loads((clone / "reports/final/metrics.json").read_text())
     assert set(final) == {"base", "sft", "ei", "grpo"}
     assert (clone / "reports/report.html").is_file() and (clone / "logs/grpo.log").is_file()
+    # The grader cross-check ran in the stage's process (math-verify's timeouts need its main thread).
+    crosscheck = json.loads((clone / "reports/final/grader_crosscheck.json").read_text())
+    for route, summary in final.items():
+        assert summary["grader_disagreements"] == len(crosscheck[route])
+        assert summary["grader_agreement"] == (summary["n"] - len(crosscheck[route])) / summary["n"]
+    headline = json.loads((clone / "reports/headline.json").read_text())
+    assert headline["test_accuracy"] == {route: final[route]["accuracy"] for route in ("base", "sft", "ei", "grpo")}
     assert not list((clone / "models/grpo_checkpoints").glob("step-*"))  # a completed run keeps none
     assert "Nothing to be done" in run([sys.executable, "-m", "snakemake", "--cores", "2", "-n"], clone, env)

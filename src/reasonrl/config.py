@@ -513,6 +513,58 @@ class GRPOConfig(LoRAOptions):
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """``distributed``: one GRPO run over several processes, one per GPU, launched by torchrun
+    (``python -m reasonrl.launch``). Each process holds the policy and its own rollout engine (``colocate``, or
+    ``cpu`` with gloo for tests); rollouts are split by question, gradients averaged (DDP) or sharded (FSDP2)."""
+
+    nproc_per_node: int = 1
+    """Processes (GPUs) per node; 1 with ``nnodes: 1`` = the ordinary single-process run."""
+    nnodes: int = 1
+    """Nodes; above 1 the launcher meets the other nodes at ``$MASTER_ADDR`` (see the README's SLURM recipe)."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """``ddp``: every rank holds the whole policy and AdamW state (the 1.5B model fits one GPU); ``fsdp2``: both
+    sharded over the ranks (``fully_shard`` per decoder layer), for larger models."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def __post_init__(self) -> None:
+        for name in ("nproc_per_node", "nnodes"):
+            _require(getattr(self, name) >= 1, f"distributed.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+
+
+def _check_distributed(params: Params) -> None:
+    """What a GRPO run over ``distributed.world_size`` ranks needs: whole groups and equal rows on every rank."""
+    world, grpo = params.distributed.world_size, params.grpo
+    if world == 1:
+        return
+    _require(
+        params.rollout.layout in ("colocate", "cpu"),
+        "rollout.layout",
+        f"must be colocate (or cpu) with distributed.world_size {world}: each rank holds its own engine",
+    )
+    _require(
+        grpo.questions_per_step % world == 0,
+        "grpo.rollout_batch_size",
+        f"({grpo.rollout_batch_size}) must give every one of the {world} ranks (distributed.nproc_per_node × nnodes) "
+        f"the same number of whole groups: questions per step {grpo.questions_per_step} is not divisible by {world}",
+    )
+    _require(
+        grpo.train_batch_size % world == 0,
+        "grpo.train_batch_size",
+        f"({grpo.train_batch_size}) must be divisible by the world size {world} (equal rows per rank)",
+    )
+    _require(
+        not grpo.dynamic_sampling,
+        "grpo.dynamic_sampling",
+        f"is single-process only (ranks would keep different numbers of groups); set it to false or "
+        f"distributed.nproc_per_node × nnodes to 1 (it is {world})",
+    )
+
+
+@dataclass(frozen=True)
 class Params:
     """All of ``params.yaml``."""
 
@@ -524,6 +576,10 @@ class Params:
     sft: SFTConfig = field(default_factory=SFTConfig)
     ei: EIConfig = field(default_factory=EIConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def __post_init__(self) -> None:
+        _check_distributed(self)
 
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:

@@ -8,6 +8,7 @@ the batch in optimizer steps of ``train_batch_size`` responses. ``run_grpo`` rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -25,8 +26,19 @@ from tqdm import tqdm
 from reasonrl.atomic import atomic_directory
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.data import examples_digest
+from reasonrl.distributed import (
+    SINGLE,
+    NullLive,
+    Ranks,
+    as_scorer,
+    full_tensor,
+    gradient_sync,
+    inference_context,
+    load_training_state,
+    training_state,
+    wrap_for_training,
+)
 from reasonrl.errors import UserError
-from reasonrl.logprobs import get_response_log_probs
 from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
@@ -39,7 +51,7 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, Precision
+    from reasonrl.config import DistributedConfig, EngineConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollout import RolloutEngine, Sample
 
@@ -127,9 +139,16 @@ class DrawnRollouts:
 
 
 def draw_rollouts(
-    engine: RolloutEngine, train: list[GSM8KExample], config: GRPOConfig, stop: list[str], step_seed: int
+    engine: RolloutEngine,
+    train: list[GSM8KExample],
+    config: GRPOConfig,
+    stop: list[str],
+    step_seed: int,
+    ranks: Ranks = SINGLE,
 ) -> DrawnRollouts:
-    """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each.
+    """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each: of this rank's
+    share of them, with the rank's own sampling seed (the draw is the same on every rank, so the ranks' shares
+    together are the questions one process would train on; each group stays on one rank, with its advantages).
 
     With ``dynamic_sampling`` (DAPO, arXiv:2503.14476) a group whose rewards are all equal, which has no advantage
     to learn from, is dropped, and up to ``max_sampling_rounds`` rounds draw further questions (not drawn before in
@@ -138,8 +157,9 @@ def draw_rollouts(
     Every draw and seed is a function of ``step_seed``: a resumed run replays it.
     """
     wanted = min(config.questions_per_step, len(train))
-    questions = random.Random(step_seed).sample(train, wanted)
-    prompts, samples = sample_rollouts(engine, questions, config, stop, step_seed)
+    questions = ranks.share(random.Random(step_seed).sample(train, wanted))
+    sampling_seed = step_seed * ranks.world_size + ranks.rank
+    prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
     drawn = DrawnRollouts(questions, prompts, samples)
     if not config.dynamic_sampling:
         return drawn
@@ -236,19 +256,22 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
 def policy_log_probs(
     policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], precision: Precision, with_entropy: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``."""
+    """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``.
+    ``policy``: the HF model, or the scorer the loop trains through (``reasonrl.distributed.wrap_for_training``)."""
     device = next(policy.parameters()).device
     tensors = {"input_ids": batch.input_ids, "labels": batch.labels, "response_mask": batch.response_mask}
     trimmed = trim_to_rows(tensors, rows)  # [b, T]
     with compute_precision(device, precision):
-        result = get_response_log_probs(
-            policy, trimmed["input_ids"].to(device), trimmed["labels"].to(device), return_token_entropy=with_entropy
+        result = as_scorer(policy)(
+            trimmed["input_ids"].to(device), trimmed["labels"].to(device), return_token_entropy=with_entropy
         )
     width = trimmed["labels"].shape[1]
     return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
 
 
-def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig) -> torch.Tensor:
+def compute_old_log_probs(
+    policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig, ranks: Ranks = SINGLE
+) -> torch.Tensor:
     """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref), ``[N, L]``, once
     per rollout batch and never differentiated; in microbatches of ``old_log_probs_microbatch_tokens`` (no
     activations are kept, so they can be large)."""
@@ -257,11 +280,18 @@ def compute_old_log_probs(policy: PreTrainedModel, batch: RolloutBatch, config: 
         rows, batch.sequence_lengths, config.microbatch_size, config.old_log_probs_microbatch_tokens
     )
     old_log_probs = torch.zeros(batch.labels.shape)  # [N, L]
-    for part in parts:
-        with torch.inference_mode():
-            scored = policy_log_probs(policy, batch, part, config.precision)["log_probs"].float().cpu()
-        old_log_probs[part] = scored
+    for part in equal_counts(parts, ranks):
+        with inference_context(policy):
+            scored = policy_log_probs(policy, batch, part or [0], config.precision)["log_probs"].float().cpu()
+        if part:
+            old_log_probs[part] = scored
     return old_log_probs
+
+
+def equal_counts(parts: list[list[int]], ranks: Ranks) -> list[list[int]]:
+    """``parts`` padded with empty microbatches to the most any rank has: FSDP2 gathers parameters in every forward,
+    a collective every rank must join. An empty microbatch runs a forward on row 0 and counts for nothing."""
+    return parts + [[]] * (ranks.max(len(parts)) - len(parts))
 
 
 def accumulate_gradients(
@@ -271,6 +301,7 @@ def accumulate_gradients(
     old_log_probs: torch.Tensor | None,
     config: GRPOConfig,
     ref_log_probs: torch.Tensor | None = None,
+    ranks: Ranks = SINGLE,
 ) -> dict[str, float]:
     """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
     gradients are left in ``.grad``. Returns the step's loss, entropy, and (when they apply) clip fractions and KL.
@@ -279,8 +310,11 @@ def accumulate_gradients(
     per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
     the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step
     (its mean runs over the others). Entropy, clip fractions and KL are means over the trained response tokens.
+
+    Over several ranks, ``rows`` are this rank's share of the step: each microbatch is weighted by the step's rows
+    on all ranks, so the gradients DDP or FSDP2 average in the last microbatch's backward (the only one that syncs)
+    are those of the whole step, and the metrics returned are the whole step's on every rank.
     """
-    device = next(policy.parameters()).device
     if config.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
     token_means = {"train/entropy": 0.0}
@@ -288,36 +322,64 @@ def accumulate_gradients(
         token_means |= {"train/clip_fraction": 0.0, "train/clip_fraction_low": 0.0, "train/clip_fraction_high": 0.0}
     if config.kl_coef > 0:
         token_means["train/kl"] = 0.0
-    if not rows:
+    step_rows = ranks.sum(len(rows))
+    if not step_rows:
         tqdm.write("GRPO: every response of this optimizer step was truncated (grpo.mask_truncated); nothing to train")
         return {"train/loss": 0.0} | token_means
-    step_tokens = batch.response_mask[rows].sum().item()
+    step_tokens = ranks.sum(batch.response_mask[rows].sum().item())
     loss = 0.0
-    for part in split_microbatches(rows, batch.sequence_lengths, config.microbatch_size, config.microbatch_tokens):
-        scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True)
-        mask = batch.response_mask[part].to(device)  # [b, L]
-        step_loss, metadata = grpo_microbatch_train_step(
-            scored["log_probs"],
-            mask,
-            len(rows) / len(part),
-            config.loss_type,
-            raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
-            advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
-            old_log_probs=None if old_log_probs is None else old_log_probs[part].to(device),
-            cliprange=config.cliprange,
-            length_normalization=config.length_normalization,
-            normalize_constant=config.max_tokens,
-            cliprange_high=config.cliprange_high,
-            ref_log_probs=None if ref_log_probs is None else ref_log_probs[part].to(device),
-            kl_coef=config.kl_coef,
-            kl_estimator=config.kl_estimator,
-        )
+    parts = equal_counts(
+        split_microbatches(rows, batch.sequence_lengths, config.microbatch_size, config.microbatch_tokens), ranks
+    )
+    for index, part in enumerate(parts):
+        with gradient_sync(policy, enabled=index == len(parts) - 1):
+            if not part:
+                scored = policy_log_probs(policy, batch, [0], config.precision)
+                (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
+                continue
+            step_loss, metadata, scored, mask = _microbatch_step(
+                policy, batch, part, old_log_probs, ref_log_probs, config, step_rows / (ranks.world_size * len(part))
+            )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         loss += step_loss.item()
         metadata["entropy"] = masked_mean(scored["token_entropy"], mask)
         for name in token_means:
             token_means[name] += metadata[name.removeprefix("train/")].item() * share
-    return {"train/loss": loss} | token_means
+    return {"train/loss": ranks.sum(loss) / ranks.world_size} | {
+        name: ranks.sum(value) for name, value in token_means.items()
+    }
+
+
+def _microbatch_step(
+    policy: PreTrainedModel,
+    batch: RolloutBatch,
+    part: list[int],
+    old_log_probs: torch.Tensor | None,
+    ref_log_probs: torch.Tensor | None,
+    config: GRPOConfig,
+    gradient_accumulation_steps: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
+    device = next(policy.parameters()).device
+    scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True)
+    mask = batch.response_mask[part].to(device)  # [b, L]
+    step_loss, metadata = grpo_microbatch_train_step(
+        scored["log_probs"],
+        mask,
+        gradient_accumulation_steps,
+        config.loss_type,
+        raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
+        advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
+        old_log_probs=None if old_log_probs is None else old_log_probs[part].to(device),
+        cliprange=config.cliprange,
+        length_normalization=config.length_normalization,
+        normalize_constant=config.max_tokens,
+        cliprange_high=config.cliprange_high,
+        ref_log_probs=None if ref_log_probs is None else ref_log_probs[part].to(device),
+        kl_coef=config.kl_coef,
+        kl_estimator=config.kl_estimator,
+    )
+    return step_loss, metadata, scored, mask
 
 
 def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
@@ -337,9 +399,15 @@ def optimizer_step(
     guard: NonFiniteGuard,
     step: int,
     checks: dict[str, Any],
+    ranks: Ranks = SINGLE,
 ) -> dict[str, float]:
-    """Clip and apply the accumulated gradients, unless something is NaN/Inf (then skip and count)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+    """Clip and apply the accumulated gradients, unless something is NaN/Inf (then skip and count). Over several
+    ranks each check is summed over them first, so a NaN on one rank skips the step on all of them together."""
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+    if ranks.distributed:
+        checks = {
+            name: ranks.sum(torch.as_tensor(value, dtype=torch.float64).sum().item()) for name, value in checks.items()
+        }
     if guard.allows(step, {**checks, "gradient norm": grad_norm}):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -354,13 +422,16 @@ def fingerprint(
     init_model_dir: str | Path,
     train: list[GSM8KExample],
     val: list[GSM8KExample],
+    distributed: DistributedConfig | None = None,
 ) -> str:
-    """Identifies the inputs a checkpoint was made from: the params, the init model's files by content (weights and
-    tokenizer: an upstream stage may rewrite the same directory) and the data. Other inputs → not resumed."""
+    """Identifies the inputs a checkpoint was made from: the params (the ranks' world among them: each samples
+    its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite the same
+    directory) and the data. Other inputs → not resumed."""
     identity = {
         "grpo": asdict(config),
         "eval": asdict(eval_config),
         "rollout": asdict(engine_config),
+        "distributed": None if distributed is None or distributed.world_size == 1 else asdict(distributed),
         "init_model": model_digest(init_model_dir),
         "train": examples_digest(train),
         "val": examples_digest(val),
@@ -403,15 +474,20 @@ def save_checkpoint(
     best: BestCheckpoint,
     live_dir: Path,
     run_fingerprint: str,
+    ranks: Ranks = SINGLE,
 ) -> None:
+    """Rank 0 writes the checkpoint, with full state dicts (gathered from every rank under FSDP2)."""
+    policy_state, optimizer_state = training_state(policy, optimizer, ranks)
+    if not ranks.is_main:
+        return
     target = directory / f"{CHECKPOINT_PREFIX}{state.step:06d}"
     with atomic_directory(target) as staging:
         torch.save(
             {
                 "fingerprint": run_fingerprint,
                 "state": asdict(state),
-                "policy": policy.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "policy": policy_state,
+                "optimizer": optimizer_state,
                 "best": best.state_dict,
                 "torch_rng": torch.get_rng_state(),
             },
@@ -423,17 +499,24 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, policy: PreTrainedModel, optimizer: torch.optim.Optimizer, best: BestCheckpoint, live_dir: Path
+    path: Path,
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    best: BestCheckpoint,
+    live_dir: Path,
+    ranks: Ranks = SINGLE,
 ) -> TrainingState:
+    """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves."""
     saved = torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)
-    policy.load_state_dict(saved["policy"])
-    optimizer.load_state_dict(saved["optimizer"])
+    load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
     torch.set_rng_state(saved["torch_rng"])
     state = TrainingState(**saved["state"])
-    best.accuracy, best.step, best.state_dict = state.best_accuracy, state.best_step, saved["best"]
-    if live_dir.exists():
-        shutil.rmtree(live_dir)
-    shutil.copytree(path / "live", live_dir)
+    best.accuracy, best.step = state.best_accuracy, state.best_step
+    if ranks.is_main:
+        best.state_dict = saved["best"]
+        if live_dir.exists():
+            shutil.rmtree(live_dir)
+        shutil.copytree(path / "live", live_dir)
     return state
 
 
@@ -454,51 +537,74 @@ def run_grpo(
     live_dir: Path,
     checkpoint_dir: Path,
     init_model_dir: str | Path,
+    distributed: DistributedConfig | None = None,
+    ranks: Ranks = SINGLE,
 ) -> BestCheckpoint:
     """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made from the same inputs (see
     :func:`fingerprint`). The checkpoints stay after a completed run: call :func:`remove_checkpoints` once the
-    returned best and the final policy are saved."""
-    optimizer = make_optimizer(policy, config)
+    returned best and the final policy are saved.
+
+    Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
+    step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
+    best weights."""
+    trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
+    optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
     best, state = BestCheckpoint(), TrainingState()
-    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val)
+    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val, distributed)
     last = find_last_checkpoint(checkpoint_dir)
     if last is not None and checkpoint_fingerprint(last) == run_fingerprint:
-        state = load_checkpoint(last, policy, optimizer, best, live_dir)
+        state = load_checkpoint(last, policy, optimizer, best, live_dir, ranks)
         tqdm.write(f"GRPO: resuming from {last} (step {state.step})")
     elif last is not None:
         tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
-        shutil.rmtree(checkpoint_dir)
+        if ranks.is_main:
+            shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     reference = None
     if config.kl_coef > 0 and config.lora_rank > 0:  # the policy with its adapters off is the init model
-        reference = policy
+        reference = trainer
     elif config.kl_coef > 0:  # the frozen init model: 16-bit on GPU is enough for a model that never trains
         reference, _ = load_policy(init_model_dir, next(policy.parameters()).device, precision="bf16")
         reference.eval().requires_grad_(False)
+    train_rows_per_rank = config.train_batch_size // ranks.world_size
 
-    with open_live(state.step > 0) as live:
+    with open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
 
         def evaluate_and_log(step: int) -> None:
             result = validate(
-                engine, policy, val, eval_config, config.eval_examples, prompt_name=config.prompt, seed=config.seed
+                engine,
+                policy,
+                val,
+                eval_config,
+                config.eval_examples,
+                prompt_name=config.prompt,
+                seed=config.seed,
+                ranks=ranks,
             )
             metrics = result.metrics
             live.step = state.optimizer_steps
             log_validation(live, metrics)
             live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
             live.log_metric("grpo_step", step)
-            if best.offer(policy, metrics["accuracy"], step):
+            if best.offer(policy, metrics["accuracy"], step, keep_weights=ranks.is_main):
                 state.best_accuracy, state.best_step = best.accuracy, best.step
-            examples = [
-                {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
-                for r in result.records[:EXAMPLES_PER_EVAL]
-            ]
-            examples_file = live_dir / "examples" / f"step_{step:06d}.json"
-            examples_file.parent.mkdir(parents=True, exist_ok=True)
-            examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
+            if ranks.is_main:
+                examples = [
+                    {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
+                    for r in result.records[:EXAMPLES_PER_EVAL]
+                ]
+                examples_file = live_dir / "examples" / f"step_{step:06d}.json"
+                examples_file.parent.mkdir(parents=True, exist_ok=True)
+                examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
             live.sync()
 
-        progress = tqdm(range(state.step, config.n_grpo_steps), desc="grpo", unit="step", initial=state.step)
+        progress = tqdm(
+            range(state.step, config.n_grpo_steps),
+            desc="grpo",
+            unit="step",
+            initial=state.step,
+            disable=not ranks.is_main,
+        )
         for step in progress:
             if step % config.eval_every == 0:
                 evaluate_and_log(step)
@@ -507,7 +613,7 @@ def run_grpo(
 
             # Rollouts: a group of samples per question, from the engine loaded with the current policy.
             with engine.serving(policy):
-                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed)
+                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed, ranks)
             rolled = time.perf_counter()
 
             # Scoring: rewards, group-normalised advantages, training tensors.
@@ -520,11 +626,13 @@ def run_grpo(
                 old_log_probs = (
                     batch.engine_log_probs
                     if config.old_log_probs_from == "engine"
-                    else compute_old_log_probs(policy, batch, config)
+                    else compute_old_log_probs(trainer, batch, config, ranks)
                 )
-            if reference is not None:
-                with adapters_disabled(reference):
-                    ref_log_probs = compute_old_log_probs(reference, batch, config)
+            if reference is trainer:
+                with adapters_disabled(policy):
+                    ref_log_probs = compute_old_log_probs(trainer, batch, config, ranks)
+            elif reference is not None:
+                ref_log_probs = compute_old_log_probs(reference, batch, config)
             recomputed = time.perf_counter()
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
@@ -532,16 +640,16 @@ def run_grpo(
             for _ in range(config.epochs_per_rollout_batch):
                 order = list(range(len(batch.responses)))
                 order_rng.shuffle(order)
-                for rows in chunks(order, config.train_batch_size):  # one optimizer step each
-                    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs)
+                for rows in chunks(order, train_rows_per_rank):  # one optimizer step each
+                    metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks)
                     checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
-                    metrics |= optimizer_step(policy, optimizer, config, guard, step, checks)
+                    metrics |= optimizer_step(policy, optimizer, config, guard, step, checks, ranks)
                     state.optimizer_steps += 1
                     live.step = state.optimizer_steps
                     sampling = {"rollout/sampling_rounds": drawn.sampling_rounds}
                     if config.dynamic_sampling:
                         sampling["rollout/dropped_groups"] = drawn.dropped_groups
-                    for name, value in (metrics | rollout_metrics(batch) | sampling).items():
+                    for name, value in (metrics | ranks.mean_metrics(rollout_metrics(batch)) | sampling).items():
                         live.log_metric(name, value)
             trained = time.perf_counter()
 
@@ -559,7 +667,7 @@ def run_grpo(
             live.sync()
             progress.set_postfix(reward=f"{batch.reward_metadata['reward_mean']:.3f}")
             if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
-                save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint)
+                save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
 
         evaluate_and_log(state.step)
     return best

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from reasonrl.config import ConfigError
+from reasonrl.distributed import full_tensor
 
 ADAPTER = "default"
 """peft's name for the one adapter a policy carries."""
@@ -56,12 +57,13 @@ def lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def merged_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """``policy``'s weights under the base model's names, each adapted matrix with its LoRA update folded in; one
     tensor at a time, so a caller streaming them (the engine's reload) never holds a second copy of the model.
-    For a policy without LoRA, exactly ``state_dict()``."""
+    For a policy without LoRA, exactly ``state_dict()``; whole tensors under FSDP2."""
     adapted = lora_layers(policy)
-    if not adapted:
-        yield from policy.state_dict().items()
-        return
     for name, tensor in policy.state_dict().items():
+        tensor = full_tensor(tensor)  # an FSDP2 shard gathered (every rank iterates, in the same order)
+        if not adapted:
+            yield name, tensor
+            continue
         if ".lora_" in name:
             continue
         module_name, _, leaf = name.rpartition(".base_layer.")
@@ -70,7 +72,7 @@ def merged_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
             continue
         if leaf == "weight":
             with torch.no_grad():
-                delta = adapted[module_name].get_delta_weight(ADAPTER)
+                delta = full_tensor(adapted[module_name].get_delta_weight(ADAPTER))
             tensor = tensor + delta.to(tensor.dtype)
         yield f"{module_name}.{leaf}", tensor
 

@@ -120,6 +120,10 @@ class RolloutEngine:
 
     def __init__(self, model_dir: str | Path, config: EngineConfig) -> None:
         self.config = config
+        # The current GPU before vLLM changes it: cuda:0, or under torchrun the rank's own (set by init_ranks).
+        self._policy_device = (
+            torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        )
         self._configure_environment()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
@@ -137,6 +141,7 @@ class RolloutEngine:
                 use_tqdm_on_load=False,
                 log_level="WARNING",  # vLLM logs its whole config and every start-up phase at INFO
                 **self._layout_kwargs(config),
+                **self._rank_kwargs(),
             )
             # In-process engines only: the worker object is what sync_weights hands the tensors to.
             self._worker = self._llm.llm_engine.model_executor.driver_worker.worker
@@ -182,9 +187,17 @@ class RolloutEngine:
             kwargs["device_ids"] = [int(config.engine_device.split(":")[1])]
         return kwargs
 
+    @staticmethod
+    def _rank_kwargs() -> dict:
+        """Under torchrun: one engine per rank, in this process, joining the ranks' process group (made before the
+        engine starts, by ``reasonrl.distributed.init_ranks``) with tensor parallel 1."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            return {"distributed_executor_backend": "external_launcher"}
+        return {}
+
     def policy_device(self) -> torch.device:
-        """Where the training policy should live for this layout."""
-        return torch.device("cpu") if self.config.layout == "cpu" else torch.device("cuda:0")
+        """Where the training policy should live for this layout (and rank)."""
+        return self._policy_device
 
     # -- generation -----------------------------------------------------------------------------------------------
 

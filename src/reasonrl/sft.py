@@ -24,7 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from reasonrl.atomic import atomic_directory
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
-from reasonrl.evaluation import EvalResult, evaluate
+from reasonrl.distributed import SINGLE, Ranks
+from reasonrl.evaluation import EvalResult, evaluate, summarize
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count, trainable_parameters
 from reasonrl.losses import sft_microbatch_train_step
@@ -209,11 +210,13 @@ class BestCheckpoint:
         self.step: int | None = None
         self.state_dict: dict[str, torch.Tensor] | None = None
 
-    def offer(self, policy: torch.nn.Module, accuracy: float, step: int) -> bool:
+    def offer(self, policy: torch.nn.Module, accuracy: float, step: int, keep_weights: bool = True) -> bool:
+        """Record a better ``accuracy``; ``keep_weights=False`` (ranks but 0) joins the weights' gathers only."""
         if accuracy <= self.accuracy:
             return False
         self.accuracy, self.step = accuracy, step
-        self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in merged_weights(policy)}
+        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in merged_weights(policy)}
+        self.state_dict = weights if keep_weights else None
         return True
 
 
@@ -225,13 +228,24 @@ def validate(
     num_examples: int,
     prompt_name: str = "r1_zero",
     seed: int | None = None,
+    ranks: Ranks = SINGLE,
 ) -> EvalResult:
     """Evaluate the policy on the first ``num_examples`` validation questions, in a generation phase of the engine
-    (woken, loaded with the policy's weights, put back to sleep)."""
+    (woken, loaded with the policy's weights, put back to sleep). Over several ranks each evaluates its share of
+    the questions, and every rank gets the gathered result."""
+    share = ranks.share_range(min(num_examples, len(val)))
     with engine.serving(policy):
-        return evaluate(
-            engine, val, prompt_name, dataclasses.replace(eval_config, num_examples=num_examples), seed=seed
+        result = evaluate(
+            engine,
+            val[share.start : share.stop],
+            prompt_name,
+            dataclasses.replace(eval_config, num_examples=None),
+            seed,
         )
+    if not ranks.distributed:
+        return result
+    records = ranks.gather([r | {"question_index": r["question_index"] + share.start} for r in result.records])
+    return EvalResult(summarize(records), records)
 
 
 def log_validation(live: Live, metrics: dict[str, Any]) -> None:

@@ -1,14 +1,17 @@
 """The ``report`` stage's logic: read what the other stages wrote, draw the figures, render Markdown and HTML.
 
 Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set),
+``final/grader_crosscheck.json`` (the answers math-verify grades differently from our grader),
 ``baseline/metrics.json`` (zero-shot, one summary per prompt), the DVCLive directories ``{sft,ei,grpo}/live``,
 GRPO's example rollouts ``grpo/live/examples/step_*.json`` and ``grpo/metrics.json``; the ablation table comes
 from ``dvc exp show --json``. A missing optional input turns its figure or section into a line saying what is
-missing; a missing required one raises :class:`ReportInputError` naming the file.
+missing; a missing required one raises :class:`ReportInputError` naming the file. The same inputs give the headline
+metrics file (``headline``).
 
 The document is built once as a list of blocks (:func:`build_report`, this module: one section after another) and
 rendered twice (``document``). The parts: ``inputs`` (reading the stages' files), ``tables`` (numbers),
-``figures`` (PNGs), ``experiments`` (the ablation table), ``document`` (blocks and rendering).
+``figures`` (PNGs), ``experiments`` (the ablation table), ``document`` (blocks and rendering), ``headline`` (the
+metrics ``dvc exp show`` opens with).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from reasonrl.report.inputs import (
     ReportInputError,
     flatten,
     grpo_evaluations,
+    load_crosscheck,
     load_json,
     load_summaries,
     pick_example_files,
     read_metric,
     read_params,
 )
-from reasonrl.report.tables import per_question_table, summary_table
+from reasonrl.report.tables import disagreement_table, grader_agreement_table, per_question_table, summary_table
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,53 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
         Paragraph(
             f"From `{final_path.as_posix()}`. Accuracy with its 95% Wilson score interval in brackets; "
             "categories: correct, right format but wrong answer, wrong format; lengths in tokens."
+        )
+    )
+
+
+# Disagreements listed per route; the rest are counted, and all are in the cross-check file.
+DISAGREEMENTS_SHOWN = 10
+
+
+def more_disagreements(disagreements: Mapping[str, list[Any]], limit: int) -> list[str]:
+    """``"and 12 more for GRPO"`` for each route with more than ``limit`` disagreements."""
+    return [
+        f"and {len(found) - limit} more for {route.upper()}"
+        for route, found in disagreements.items()
+        if len(found) > limit
+    ]
+
+
+def _grader_section(report: Report, final: dict[str, dict[str, Any]], crosscheck_path: Path) -> None:
+    report.blocks.append(Heading(2, "Grader cross-check (math-verify)"))
+    agreement = grader_agreement_table(final)
+    if agreement is None:
+        report.blocks.append(Paragraph("Not available: no route in `final/metrics.json` records `grader_agreement`."))
+        return
+    report.blocks.append(agreement)
+    report.blocks.append(
+        Paragraph(
+            "Hugging Face's math-verify re-graded every test answer: the text our reward function reads (the "
+            "`<answer>` block, or the last `\\boxed{}` or number), against the ground truth, on the answer alone "
+            "(the format check is this project's rule). Our grader stays the reward and the accuracy above; each "
+            "disagreement is an answer the two read differently."
+        )
+    )
+    found = load_crosscheck(crosscheck_path)
+    if found is None:
+        report.blocks.append(Paragraph(f"Disagreements not listed: `{crosscheck_path.as_posix()}` is missing."))
+        return
+    disagreements = {route: found[route] for route in final if route in found}  # route order, not the file's
+    if not any(disagreements.values()):
+        report.blocks.append(Paragraph("The two graders agree on every answer."))
+        return
+    report.blocks.append(disagreement_table(disagreements, DISAGREEMENTS_SHOWN))
+    more = more_disagreements(disagreements, DISAGREEMENTS_SHOWN)
+    report.blocks.append(
+        Paragraph(
+            ", ".join([f"At most {DISAGREEMENTS_SHOWN} per route are listed", *more])
+            + f"; all are in `{crosscheck_path.as_posix()}`. Question: its index in the test split; answer: the text "
+            "both graders judged, as JSON."
         )
     )
 
@@ -320,6 +371,7 @@ def build_report(inputs: ReportInputs) -> Report:
     params = flatten(read_params(inputs.params_path))
     _run_section(report, params)
     _test_accuracy_section(report, final, final_path)
+    _grader_section(report, final, reports / "final" / "grader_crosscheck.json")
     _validation_section(report, live)
     _dynamics_section(report, live)
     _categories_section(report, final)

@@ -46,6 +46,27 @@ def load_summaries(path: Path, required: Iterable[str] = ()) -> dict[str, dict[s
     return data
 
 
+CROSSCHECK_KEYS = {"question_index", "ground_truth", "answer", "ours_correct", "math_verify_correct"}
+
+
+def load_crosscheck(path: Path) -> dict[str, list[dict[str, Any]]] | None:
+    """Each route's answers that math-verify grades differently from ours (``reasonrl.crosscheck``); None when
+    ``path`` is absent."""
+    if not Path(path).is_file():
+        return None
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise ReportInputError(f"{path}: expected a mapping of route → list of disagreements")
+    for route, disagreements in data.items():
+        if not isinstance(disagreements, list) or not all(
+            isinstance(d, dict) and CROSSCHECK_KEYS <= d.keys() for d in disagreements
+        ):
+            raise ReportInputError(
+                f"{path}: {route}: expected a list of disagreements with keys {sorted(CROSSCHECK_KEYS)}"
+            )
+    return data
+
+
 def read_metric(live_dir: Path, name: str) -> list[tuple[int, float]] | None:
     """The ``(step, value)`` rows DVCLive logged for metric ``name`` (e.g. ``eval/accuracy``); None if absent."""
     path = Path(live_dir) / "plots" / "metrics" / f"{name}.tsv"

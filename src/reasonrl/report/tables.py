@@ -1,7 +1,9 @@
-"""Numbers as the report prints them: Wilson intervals, percentages, the per-route summary table."""
+"""Numbers as the report prints them: Wilson intervals, percentages, the per-route summary table, the grader
+cross-check."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -75,3 +77,44 @@ def per_question_table(summaries: Mapping[str, Mapping[str, Any]]) -> Table | No
         for name, s in several.items()
     ]
     return Table(["route", "samples per question", "mean accuracy", *(f"pass@{k}" for k in ks), "majority vote"], rows)
+
+
+def grader_agreement_table(summaries: Mapping[str, Mapping[str, Any]]) -> Table | None:
+    """Per route cross-checked by final_eval: how often math-verify agrees with our grader, and on how many answers
+    it does not; ``None`` when no summary records a cross-check (metrics written before it existed)."""
+    checked = {name: s for name, s in summaries.items() if "grader_agreement" in s}
+    if not checked:
+        return None
+    rows = [[name, percent(s["grader_agreement"]), str(s["grader_disagreements"])] for name, s in checked.items()]
+    return Table(["route", "math-verify agrees", "disagreements"], rows)
+
+
+# An answer block can be a whole paragraph of reasoning; a table cell shows its start.
+ANSWER_CELL_CHARS = 80
+
+
+def _verdict(correct: bool) -> str:
+    return "right" if correct else "wrong"
+
+
+def answer_cell(answer: str | None) -> str:
+    """The answer text as JSON (quotes show its whitespace, escapes its control characters), clipped."""
+    text = json.dumps(answer, ensure_ascii=False)
+    return text if len(text) <= ANSWER_CELL_CHARS else text[: ANSWER_CELL_CHARS - 1] + "…"
+
+
+def disagreement_table(disagreements: Mapping[str, list[Mapping[str, Any]]], limit: int) -> Table:
+    """The first ``limit`` disagreements of each route: question, ground truth, answer, both verdicts."""
+    rows = [
+        [
+            route,
+            str(d["question_index"]),
+            str(d["ground_truth"]),
+            answer_cell(d["answer"]),
+            _verdict(d["ours_correct"]),
+            _verdict(d["math_verify_correct"]),
+        ]
+        for route, found in disagreements.items()
+        for d in found[:limit]
+    ]
+    return Table(["route", "question", "ground truth", "answer", "our grader", "math-verify"], rows)

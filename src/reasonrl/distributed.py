@@ -1,0 +1,244 @@
+"""One GRPO run over several processes: the ranks, the policy wrapped for DDP or FSDP2, and the few collectives the
+loop needs.
+
+A single process is the same code with :data:`SINGLE`: every collective returns its input and the policy trains
+through the same :class:`PolicyScorer`, unwrapped. Under torchrun (``python -m reasonrl.launch``) the process
+group exists before the rollout engine starts, which then joins it through vLLM's ``external_launcher`` executor
+(tensor parallel 1: an engine per rank, in-process, as TRL's colocate mode has it).
+
+Collectives must run on every rank in the same order; the loop keeps them so by giving every rank the same number
+of microbatches (padding with zero-weight ones) and by calling the weight gathers of FSDP2 (``full_tensor``) from
+code every rank runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from reasonrl.config import ConfigError
+from reasonrl.logprobs import get_response_log_probs
+
+if TYPE_CHECKING:
+    from reasonrl.config import DistributedConfig
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run, and the collectives over all of them."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, checkpoints and saves."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def share(self, items: Sequence[T]) -> list[T]:
+        """This rank's contiguous share of ``items``; sizes differ by at most one (rank order = item order)."""
+        return [items[index] for index in self.share_range(len(items))]
+
+    def share_range(self, count: int) -> range:
+        """The indices of this rank's share of ``count`` items."""
+        size, extra = divmod(count, self.world_size)
+        start = self.rank * size + min(self.rank, extra)
+        return range(start, start + size + (self.rank < extra))
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every rank's ``items`` concatenated in rank order, on every rank (picklable objects)."""
+        if not self.distributed:
+            return items
+        gathered: list[list[T] | None] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, items)
+        return [item for part in gathered for item in part]
+
+    def sum(self, value: float) -> float:
+        """The sum over ranks; a NaN or Inf on any rank is one on every rank."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device())
+        torch.distributed.all_reduce(tensor)
+        return tensor.item()
+
+    def max(self, value: int) -> int:
+        if not self.distributed:
+            return value
+        tensor = torch.tensor(value, dtype=torch.int64, device=self._device())
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric averaged over the ranks that report it (a rank may have no correct answer to measure)."""
+        if not self.distributed:
+            return metrics
+        reported = self.gather([metrics])
+        names = dict.fromkeys(name for part in reported for name in part)
+        return {
+            name: sum(part[name] for part in reported if name in part) / sum(name in part for part in reported)
+            for name in names
+        }
+
+    def _device(self) -> torch.device:
+        # NCCL reduces CUDA tensors only; gloo, CPU ones.
+        backend = torch.distributed.get_backend()
+        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+SINGLE = Ranks()
+
+
+def init_ranks(config: DistributedConfig, device_type: str) -> Ranks:
+    """The process group of a torchrun launch (NCCL on GPUs, gloo on CPU), made before the rollout engine starts;
+    :data:`SINGLE` outside torchrun. The world torchrun made must be the one ``distributed`` asks for."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size != config.world_size:
+        raise ConfigError(
+            f"distributed.nproc_per_node × nnodes = {config.world_size}, but this process was launched in a world of "
+            f"{world_size}: run the stage through `python -m reasonrl.launch` (dvc repro does), which starts "
+            f"torchrun with the params' values"
+        )
+    if world_size == 1:
+        return SINGLE
+    ranks = Ranks(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]))
+    if device_type == "cuda":
+        torch.cuda.set_device(ranks.local_rank)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return ranks
+
+
+class PolicyScorer(torch.nn.Module):
+    """The training forward as a module: log-probs (and entropy) of ``labels`` under the policy.
+
+    DDP prepares its gradient reduction, and FSDP2 gathers the root's parameters (embeddings, final norm, output
+    layer), in the forward of the module they wrap; the log-prob path calls the decoder and the output layer directly,
+    so this module is what they wrap.
+    """
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool = False
+    ) -> dict[str, torch.Tensor]:
+        return get_response_log_probs(self.policy, input_ids, labels, return_token_entropy=return_token_entropy)
+
+
+def as_scorer(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` if it is already a (wrapped) scorer, else a scorer over the plain policy."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model if isinstance(model, PolicyScorer | DistributedDataParallel) else PolicyScorer(model)
+
+
+def wrap_for_training(policy: torch.nn.Module, strategy: str, ranks: Ranks) -> torch.nn.Module:
+    """The scorer the loop trains through: plain in a single process, else under DDP or FSDP2. FSDP2 shards
+    ``policy``'s parameters in place (each decoder layer a unit, the rest with the root), so build the optimizer
+    after this."""
+    scorer = PolicyScorer(policy)
+    if not ranks.distributed:
+        return scorer
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [ranks.local_rank] if next(policy.parameters()).is_cuda else None
+        return DistributedDataParallel(scorer, device_ids=device_ids)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in policy.get_decoder().layers:
+        fully_shard(layer)
+    return fully_shard(scorer)
+
+
+@contextlib.contextmanager
+def gradient_sync(trainer: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Reduce gradients across ranks in this backward (the step's last microbatch) or not (the others)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(trainer, DistributedDataParallel) and not enabled:
+        with trainer.no_sync():
+            yield
+        return
+    if isinstance(trainer, FSDPModule):
+        trainer.set_requires_gradient_sync(enabled)
+    yield
+
+
+def inference_context(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """``inference_mode`` for a gradient-free pass, but ``no_grad`` under FSDP2: the buffers it gathers parameters
+    into are reused by the next training forward, which may not write into inference tensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return torch.no_grad() if isinstance(model, FSDPModule) else torch.inference_mode()
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (a collective: every rank must ask), or ``tensor`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def training_state(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, ranks: Ranks
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full (unsharded) state dicts of the policy and its optimizer, on CPU, for a checkpoint; collective under
+    FSDP2. A single process keeps PyTorch's own formats."""
+    if not ranks.distributed:
+        return policy.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_training_state(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    ranks: Ranks,
+) -> None:
+    """The inverse of :func:`training_state`, on every rank (each reads the same checkpoint file)."""
+    if not ranks.distributed:
+        policy.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(
+        policy,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optimizer_state,
+        options=StateDictOptions(full_state_dict=True),
+    )
+
+
+class NullLive:
+    """What ranks other than 0 log to: nothing (rank 0 logs the run's metrics, averaged over ranks)."""
+
+    step = 0
+
+    def log_metric(self, name: str, value: Any) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def next_step(self) -> None:
+        pass

@@ -1,0 +1,46 @@
+"""The headline metrics (``reports/headline.json``): the few numbers ``dvc exp show`` should open with, read from
+what the other stages wrote.
+
+``dvc exp show`` orders its columns by metric file, in the order dvc.yaml declares them, and within a file in the
+file's key order (see the comment above the report stage in dvc.yaml); so the keys are written in reading order,
+not sorted, and none repeats a key of another metric file (DVC would prefix it with the file's path).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from reasonrl.atomic import atomic_write_text
+from reasonrl.report.inputs import ROUTES, ReportInputError, load_json, load_summaries
+
+TRAINING_STAGES = ("sft", "ei", "grpo")
+
+
+def headline_metrics(reports_dir: Path) -> dict[str, Any]:
+    """Each route's test accuracy (``final/metrics.json``), GRPO's best validation accuracy and the wall-clock
+    seconds of each training stage (``sft``, ``ei``, ``grpo``: ``<stage>/metrics.json``, the run that completed the
+    stage). A missing training-stage input gives null."""
+    reports = Path(reports_dir)
+    final = load_summaries(reports / "final" / "metrics.json", required=ROUTES)
+    trained = {stage: _stage_metrics(reports / stage / "metrics.json") for stage in TRAINING_STAGES}
+    return {
+        "test_accuracy": {route: final[route]["accuracy"] for route in ROUTES},
+        "grpo_best_val_accuracy": trained["grpo"].get("best_val_accuracy"),
+        "wall_clock_seconds": {stage: trained[stage].get("wall_clock_seconds") for stage in TRAINING_STAGES},
+    }
+
+
+def _stage_metrics(path: Path) -> dict[str, Any]:
+    metrics = load_json(path) if path.is_file() else {}
+    if not isinstance(metrics, dict):
+        raise ReportInputError(f"{path}: expected a mapping of the stage's metrics")
+    return metrics
+
+
+def write_headline(reports_dir: Path, path: Path) -> dict[str, Any]:
+    """Write :func:`headline_metrics` to ``path`` with its keys in reading order; return them."""
+    headline = headline_metrics(reports_dir)
+    atomic_write_text(path, json.dumps(headline, indent=2) + "\n")
+    return headline

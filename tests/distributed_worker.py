@@ -1,0 +1,108 @@
+"""One rank of the distributed GRPO test (``tests/test_distributed.py`` starts it under ``torch.distributed.run``).
+
+Each rank draws its share of one step's questions from its own engine, trains two optimizer steps on them through
+the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: its questions and samples, the reduced
+gradients of each step, its whole weights afterwards, and the engine's log-probs after a weight load against HF's.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from reasonrl.config import DistributedConfig, EngineConfig, GRPOConfig
+from reasonrl.data import parse_lines
+from reasonrl.distributed import full_tensor, init_ranks, wrap_for_training
+from reasonrl.grpo import (
+    NonFiniteGuard,
+    accumulate_gradients,
+    compute_old_log_probs,
+    draw_rollouts,
+    make_optimizer,
+    optimizer_step,
+    score_rollouts,
+)
+from reasonrl.logprobs import get_response_log_probs
+from reasonrl.lora import merged_weights
+from reasonrl.prompts import REWARD_FNS
+from reasonrl.rollout import RolloutEngine
+from reasonrl.sft import load_policy
+from reasonrl.synthetic import arithmetic_lines
+
+STEP_SEED = 5
+# Two passes over the rollout batch, each one optimizer step of all 32 responses: the second is off-policy (old
+# log-probs, clipping). Token-budget microbatches give the ranks different microbatch counts.
+CONFIG = GRPOConfig(
+    rollout_batch_size=32, group_size=4, train_batch_size=32, gradient_accumulation_steps=1, max_tokens=12,
+    min_tokens=2, loss_type="grpo_clip", epochs_per_rollout_batch=2, microbatch_tokens=96, learning_rate=1e-3,
+    old_log_probs_microbatch_tokens=160,
+)  # fmt: skip
+
+
+def odd_length_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """A reward a random model earns about half the time: advantages, hence gradients, that are not all zero."""
+    reward = float(len(response) % 2)
+    return {"format_reward": reward, "answer_reward": reward, "reward": reward}
+
+
+def train_questions():
+    return parse_lines(arithmetic_lines(64, seed=0, max_steps=1, max_value=9), "train")
+
+
+def main() -> None:
+    model_dir, out_dir, strategy = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    REWARD_FNS["r1_zero"] = odd_length_reward
+    ranks = init_ranks(DistributedConfig(nproc_per_node=2, strategy=strategy), "cpu")
+    engine = RolloutEngine(model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512))
+    policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
+    trainer = wrap_for_training(policy, strategy, ranks)
+    optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
+
+    with engine.serving(policy):
+        drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
+    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
+    old_log_probs = compute_old_log_probs(trainer, batch, CONFIG, ranks)
+    rows = list(range(len(batch.responses)))
+    gradients, losses = [], []
+    for _ in range(CONFIG.epochs_per_rollout_batch):
+        metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, CONFIG, ranks=ranks)
+        losses.append(metrics["train/loss"])
+        gradients.append({name: full_tensor(p.grad).clone() for name, p in policy.named_parameters()})
+        optimizer_step(policy, optimizer, CONFIG, guard, 0, {"loss": metrics["train/loss"]}, ranks)
+    weights = dict(merged_weights(policy))  # every rank gathers (FSDP2)
+
+    # The engine after a weight load samples from the trained policy: its log-probs against HF's on the same tokens.
+    plain = load_policy(model_dir, torch.device("cpu"))[0].eval()
+    plain.load_state_dict(weights)
+    prompts = drawn.prompts[:2]
+    with engine.serving(policy):
+        samples = engine.generate(prompts, n=2, max_tokens=12, min_tokens=12, stop=(), seed=1, return_logprobs=True)
+    worst = 0.0
+    for sample in (sample for group in samples for sample in group):
+        ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])  # [1, P + R]
+        with torch.no_grad():
+            log_probs = get_response_log_probs(plain, ids[:, :-1], ids[:, 1:])["log_probs"]  # [1, P + R - 1]
+        hf = log_probs[0, len(sample.prompt_token_ids) - 1 :]
+        worst = max(worst, (hf - torch.tensor(sample.logprobs)).abs().max().item())
+
+    torch.save(
+        {
+            "questions": [q.question for q in drawn.questions],
+            "samples": drawn.samples,
+            "gradients": gradients,
+            "weights": weights,
+            "losses": losses,
+        },
+        out_dir / f"rank{ranks.rank}.pt",
+    )
+    (out_dir / f"rank{ranks.rank}.json").write_text(json.dumps({"engine_vs_hf": worst, "rank": ranks.rank}))
+    torch.distributed.barrier()  # the process group stays: vLLM tears its own groups down at exit
+
+
+if __name__ == "__main__":
+    main()

