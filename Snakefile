@@ -23,6 +23,23 @@ if config["rollout"]["layout"] not in LAYOUT_GPUS:
     raise WorkflowError(f"params.yaml: rollout.layout must be one of {sorted(LAYOUT_GPUS)}")
 
 STAGES = read_pipeline("dvc.yaml", config)
+# A distributed grpo (params: distributed) holds a GPU per rank (colocate; none on the cpu layout) on each of
+# distributed.nnodes nodes. Several nodes: one SLURM job of --nodes=M with gres gpu:N per node, in which
+# `python -m reasonrl.launch` starts a torchrun agent per node through srun.
+DISTRIBUTED = config.get("distributed", {})
+NPROC_PER_NODE, NNODES = DISTRIBUTED.get("nproc_per_node", 1), DISTRIBUTED.get("nnodes", 1)
+
+
+def gpu_resources(stage_name):
+    if stage_name not in MODEL_STAGE_RUNTIME:
+        return {"gpu": 0}
+    gpus = LAYOUT_GPUS[config["rollout"]["layout"]]
+    if stage_name != "grpo" or NPROC_PER_NODE * NNODES == 1:
+        return {"gpu": gpus}
+    if NNODES == 1:
+        return {"gpu": gpus * NPROC_PER_NODE}
+    return {"nodes": NNODES, "gres": f"gpu:{gpus * NPROC_PER_NODE}"} if gpus else {"nodes": NNODES}
+
 
 # Model stages hold rollout.layout's GPUs (colocate 1, split 2, cpu 0). Run times in minutes, sized for the
 # full-scale run (Qwen2.5-Math-1.5B, handout settings); threads become --cpus-per-task on SLURM and, locally, keep
@@ -64,7 +81,7 @@ for stage_name, stage in STAGES.items():
             f"logs/{stage_name}.log",
         threads: MODEL_THREADS if is_model_stage else 1
         resources:
-            gpu=LAYOUT_GPUS[config["rollout"]["layout"]] if is_model_stage else 0,
+            **gpu_resources(stage_name),
             mem_mb=64000 if is_model_stage else 8000,
             runtime=MODEL_STAGE_RUNTIME.get(stage_name, 30),
         conda:

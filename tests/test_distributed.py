@@ -5,6 +5,7 @@ work before any model loads."""
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,44 @@ def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(tiny_mode
     for rank in range(2):
         engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
+nodes=1
+while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
+pids=()
+for ((node = 0; node < nodes; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
+
+
+@pytest.mark.slow
+def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(tiny_model_dir, tmp_path):
+    """Inside a 2-node allocation the launcher starts itself on each node (``srun``) and the torchrun agents meet at
+    the first host; ``srun`` and ``scontrol`` (no cluster here) are stand-ins that run both "nodes" on this machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.1\\n'\n")  # show hostnames LIST
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
+    environ |= {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "SLURM_JOB_ID": "4242",
+                "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}  # fmt: skip
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    command = [
+        sys.executable, "-m", "reasonrl.launch", "--nproc-per-node", "1", "--nnodes", "2",
+        str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out_dir), "ddp",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    ranks = [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
+    assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])

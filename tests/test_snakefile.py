@@ -139,6 +139,26 @@ def test_model_stages_request_gpus_from_the_rollout_layout(workflow_copy, layout
     assert gpus == {name: LAYOUT_GPUS[layout] if name in MODEL_STAGES else 0 for name in gpus}
 
 
+@pytest.mark.parametrize(
+    ("layout", "nproc_per_node", "nnodes", "grpo_resources", "sbatch"),
+    [
+        ("colocate", 4, 1, {"gpu": 4, "nodes": None}, " --gpus=4"),
+        ("colocate", 8, 2, {"gpu": None, "nodes": 2, "gres": "gpu:8"}, " --gres=gpu:8"),
+        ("cpu", 2, 2, {"gpu": None, "nodes": 2, "gres": None}, ""),
+    ],
+)
+def test_a_distributed_grpo_asks_for_a_gpu_per_rank_on_each_node(
+    workflow_copy, layout, nproc_per_node, nnodes, grpo_resources, sbatch
+):
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    overrides = {"distributed.nproc_per_node": nproc_per_node, "distributed.nnodes": nnodes, "rollout.layout": layout}
+    jobs = snakemake_jobs(workflow_copy(overrides))
+    assert {name: jobs["grpo"].resources.get(name) for name in grpo_resources} == grpo_resources
+    assert set_gres_string(jobs["grpo"]) == sbatch  # what the SLURM plugin adds to sbatch (--nodes comes apart)
+    assert jobs["sft"].resources.get("gpu") == LAYOUT_GPUS[layout] and jobs["sft"].resources.get("nodes") is None
+
+
 def test_grpo_checkpoints_are_kept_not_outputs(workflow_copy):
     grpo = snakemake_jobs(workflow_copy())["grpo"]
     assert "models/grpo_checkpoints" not in set(map(str, grpo.output))

@@ -5,9 +5,11 @@ stage that can spread over GPUs, with the counts from ``params.yaml`` (``distrib
 
 - 1 × 1: the script runs in this process (``exec``), exactly as ``python stages/grpo.py ...`` would.
 - N × 1: ``torchrun --standalone --nproc-per-node N``: one node, a rendezvous on a free local port.
-- N × M: ``torchrun --nnodes M --nproc-per-node N`` with a c10d rendezvous at ``$MASTER_ADDR:$MASTER_PORT`` (port
-  29500 by default) and the id ``$SLURM_JOB_ID``: start this command once per node (``srun --ntasks-per-node=1``),
-  every node with the same ``MASTER_ADDR`` (the allocation's first host; the README's SLURM recipe sets it).
+- N × M: one torchrun agent per node, ``--nnodes M --nproc-per-node N``, meeting in a c10d rendezvous at
+  ``$MASTER_ADDR:$MASTER_PORT`` (port 29500 by default) with the id ``$SLURM_JOB_ID``. Inside a SLURM allocation
+  (a batch job on M nodes, as Snakemake's SLURM profile submits it) this command starts itself once per node with
+  ``srun --nodes M --ntasks-per-node 1`` and sets ``MASTER_ADDR`` to the allocation's first host; elsewhere, run it on
+  every node yourself with the same ``MASTER_ADDR``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ from collections.abc import Mapping, Sequence
 from reasonrl.config import ConfigError
 
 DEFAULT_PORT = "29500"
+
+
+NODE_LAUNCHED = "REASONRL_NODE_LAUNCHED"
+"""Set on the per-node launchers ``srun`` starts, so that they run torchrun instead of starting ``srun`` again."""
+
+
+def srun_command(nnodes: int, argv: Sequence[str]) -> list[str]:
+    """This launch again, once on each of the allocation's ``nnodes`` nodes."""
+    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
+            "reasonrl.launch", *argv]  # fmt: skip
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list (``node[01-04]`` style), as ``scontrol`` expands it."""
+    import subprocess
+
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return hosts.stdout.split()[0]
 
 
 def torchrun_arguments(nproc_per_node: int, nnodes: int, environ: Mapping[str, str]) -> list[str]:
@@ -56,9 +76,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
     if args.nproc_per_node * args.nnodes == 1:
         os.execv(sys.executable, [sys.executable, args.script, *args.script_args])
+    if args.nnodes > 1 and "SLURM_JOB_ID" in os.environ and NODE_LAUNCHED not in os.environ:
+        environ = {**os.environ, NODE_LAUNCHED: "1"}
+        environ.setdefault("MASTER_ADDR", first_host(os.environ["SLURM_JOB_NODELIST"]))
+        command = srun_command(args.nnodes, argv)
+        os.execvpe(command[0], command, environ)
     from torch.distributed.run import main as torchrun
 
     torchrun([*torchrun_arguments(args.nproc_per_node, args.nnodes, os.environ), args.script, *args.script_args])
