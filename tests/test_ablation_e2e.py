@@ -135,3 +135,20 @@ def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
                    "rollout/dropped_groups", "rollout/truncated_fraction"):  # fmt: skip
         assert len((curves / f"{metric}.tsv").read_text().splitlines()) > 1, metric
     assert "pass@2" in (clone / "reports/report.md").read_text()
+
+
+def test_grpo_on_two_ranks_is_an_experiment_like_any_other(repo):
+    """``-S distributed.nproc_per_node=2``: the same DVC command runs the grpo stage under torchrun, two gloo ranks
+    with an engine each; rank 0 logs and writes the models, which the final evaluation loads like any other."""
+    clone, env = repo
+    run(["git", "checkout", "--", "params.yaml"], clone, env)  # the preset, without the earlier tests' -S values
+    run(["dvc", "exp", "run", "--name", "two-ranks", "-S", "distributed.nproc_per_node=2"], clone, env)
+    curves = clone / "reports/grpo/live/plots/metrics"
+    steps = len((curves / "rollout/reward.tsv").read_text().splitlines()) - 1
+    evaluations = len((curves / "eval/accuracy.tsv").read_text().splitlines()) - 1
+    assert (steps, evaluations) == (2, 3)  # grpo.n_grpo_steps of one optimizer step each, logged once (rank 0)
+    grpo = json.loads((clone / "reports/grpo/metrics.json").read_text())
+    assert grpo["best_step"] in (0, 1, 2) and grpo["wall_clock_seconds"] > 0
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    assert final["grpo"]["n"] == 24 and 0 <= final["grpo"]["accuracy"] <= 1
+    assert not list((clone / "models/grpo_checkpoints").iterdir())  # a completed run removes its checkpoints
