@@ -30,7 +30,7 @@ def main() -> None:
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
-    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout)
+    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks)
     best = run_grpo(
         policy,
         tokenizer,

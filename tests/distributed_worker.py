@@ -4,7 +4,10 @@ Each rank draws its share of one step's questions from its own engine, trains tw
 the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: its questions and samples, the reduced
 gradients of each step, its whole weights afterwards, and the engine's log-probs after a weight load against HF's.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY [TP]
+
+With TP = 2 the two ranks are one tensor-parallel group: one engine sharded over both, the same questions and
+samples, half the training rows each.
 """
 
 from __future__ import annotations
@@ -56,9 +59,12 @@ def train_questions():
 
 def main() -> None:
     model_dir, out_dir, strategy = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    tensor_parallel_size = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     REWARD_FNS["r1_zero"] = odd_length_reward
-    ranks = init_ranks(DistributedConfig(nproc_per_node=2, strategy=strategy), "cpu")
-    engine = RolloutEngine(model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512))
+    distributed = DistributedConfig(nproc_per_node=2, strategy=strategy, tensor_parallel_size=tensor_parallel_size)
+    ranks = init_ranks(distributed, "cpu")
+    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512)
+    engine = RolloutEngine(model_dir, engine_config, ranks.tensor_parallel_size)
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     trainer = wrap_for_training(policy, strategy, ranks)
     optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
@@ -67,7 +73,7 @@ def main() -> None:
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
     batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
     old_log_probs = compute_old_log_probs(trainer, batch, CONFIG, ranks)
-    rows = list(range(len(batch.responses)))
+    rows = ranks.rows_to_train(len(batch.responses))
     gradients, losses = [], []
     for _ in range(CONFIG.epochs_per_rollout_batch):
         metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, CONFIG, ranks=ranks)
@@ -93,6 +99,7 @@ def main() -> None:
     torch.save(
         {
             "questions": [q.question for q in drawn.questions],
+            "rows": rows,
             "samples": drawn.samples,
             "gradients": gradients,
             "weights": weights,

@@ -68,11 +68,27 @@ def test_a_world_the_batches_do_not_fit_is_refused_before_any_model_loads(full_s
     params_with(full_scale_params, distributed={"nproc_per_node": 4}, rollout={"layout": "colocate"})  # the defaults
 
 
+def test_tensor_parallel_groups_stay_on_a_node_and_count_as_one_for_the_questions(full_scale_params):
+    with pytest.raises(ConfigError, match=r"^distributed.tensor_parallel_size: \(3\) must divide"):
+        DistributedConfig(nproc_per_node=4, tensor_parallel_size=3)
+    eight_nodes = {"nproc_per_node": 8, "nnodes": 8}  # 64 ranks; 32 questions per step at the defaults
+    with pytest.raises(ConfigError, match=r"^grpo.rollout_batch_size: .* 64 data-parallel groups"):
+        params_with(full_scale_params, distributed=eight_nodes, rollout={"layout": "colocate"})
+    paired = params_with(
+        full_scale_params, distributed=eight_nodes | {"tensor_parallel_size": 2}, rollout={"layout": "colocate"}
+    )
+    assert paired.distributed.data_parallel_size == 32
+
+
 def test_ranks_share_contiguously_and_together_cover_everything_once():
     items = list(range(10))
     shares = [Ranks(rank, 3).share(items) for rank in range(3)]
     assert shares == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert Ranks().share(items) == items
+    # Tensor-parallel pairs: both ranks of a pair get the pair's questions, and half its rows each to train on.
+    pairs = [Ranks(rank, 4, tensor_parallel_size=2) for rank in range(4)]
+    assert [r.share(items) for r in pairs] == [[0, 1, 2, 3, 4]] * 2 + [[5, 6, 7, 8, 9]] * 2
+    assert [r.rows_to_train(6) for r in pairs] == [[0, 1, 2], [3, 4, 5]] * 2
 
 
 def test_a_stage_started_outside_the_world_its_params_ask_for_says_how_to_launch(monkeypatch):
@@ -90,10 +106,11 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str) -> list[dict]:
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
         str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy,
+        str(tensor_parallel_size),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -106,16 +123,29 @@ def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(tiny_model_dir, tmp_path, monkeypatch, strategy):
-    ranks = run_ranks(tiny_model_dir, tmp_path, strategy)
+@pytest.mark.parametrize(
+    ("strategy", "tensor_parallel_size"), [("ddp", 1), ("fsdp2", 1), ("ddp", 2)], ids=["ddp", "fsdp2", "ddp-tp2"]
+)
+def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(
+    tiny_model_dir, tmp_path, monkeypatch, strategy, tensor_parallel_size
+):
+    ranks = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
 
-    # Each rank sampled whole groups for its share only; together the questions one process draws.
     train = train_questions()
     drawn = [question.question for question in random.Random(STEP_SEED).sample(train, CONFIG.questions_per_step)]
-    assert ranks[0]["questions"] + ranks[1]["questions"] == drawn
-    assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.questions_per_step // 2
-    assert [len(r["samples"]) for r in ranks] == [CONFIG.rollout_batch_size // 2] * 2
+    if tensor_parallel_size == 1:
+        # Each rank sampled whole groups for its share only; together the questions one process draws.
+        assert ranks[0]["questions"] + ranks[1]["questions"] == drawn
+        assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.questions_per_step // 2
+        samples = ranks[0]["samples"] + ranks[1]["samples"]
+        assert all(r["rows"] == list(range(CONFIG.rollout_batch_size // 2)) for r in ranks)
+    else:
+        # One engine over both ranks: the same questions and samples, half the rows each to train on.
+        assert ranks[0]["questions"] == ranks[1]["questions"] == drawn
+        samples = ranks[0]["samples"]
+        assert [s.token_ids for s in ranks[1]["samples"]] == [s.token_ids for s in samples]
+        assert ranks[0]["rows"] + ranks[1]["rows"] == list(range(CONFIG.rollout_batch_size))
+    assert len(samples) == CONFIG.rollout_batch_size
     assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the step's metrics are the whole step's
 
     # One process, the whole batch (the same samples: advantages are per group, so per rank).
@@ -124,7 +154,7 @@ def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(tiny_mode
     questions = [by_text[text] for text in drawn]
     prompts = [format_prompt(load_prompt("r1_zero"), question.question) for question in questions]
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
-    batch = score_rollouts(tokenizer, questions, prompts, ranks[0]["samples"] + ranks[1]["samples"], CONFIG)
+    batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)
     assert batch.advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
     old_log_probs = compute_old_log_probs(policy, batch, CONFIG)
     optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
@@ -132,9 +162,10 @@ def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(tiny_mode
     for step in range(CONFIG.epochs_per_rollout_batch):
         metrics = accumulate_gradients(policy, batch, rows, old_log_probs, CONFIG)
         gradients = {name: p.grad.clone() for name, p in policy.named_parameters()}
+        difference = relative_difference(gradients, ranks[0]["gradients"][step])
         print(
-            f"{strategy} step {step}: loss {ranks[0]['losses'][step]:.6f} vs {metrics['train/loss']:.6f}, gradient "
-            f"relative difference {relative_difference(gradients, ranks[0]['gradients'][step]):.1e}"
+            f"{strategy}, tensor parallel {tensor_parallel_size}, step {step}: loss {ranks[0]['losses'][step]:.6f} "
+            f"vs {metrics['train/loss']:.6f}, gradient relative difference {difference:.1e}"
         )
         assert ranks[0]["losses"][step] == pytest.approx(metrics["train/loss"], abs=1e-6)
         for rank in ranks:

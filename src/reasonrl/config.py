@@ -525,14 +525,28 @@ class DistributedConfig:
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """``ddp``: every rank holds the whole policy and AdamW state (the 1.5B model fits one GPU); ``fsdp2``: both
     sharded over the ranks (``fully_shard`` per decoder layer), for larger models."""
+    tensor_parallel_size: int = 1
+    """Ranks (of one node) that share one rollout engine, sharded across them by vLLM: they sample the same
+    questions and split the training rows. > 1 for a model whose engine does not fit one GPU beside its policy."""
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups of ranks that sample different questions."""
+        return self.world_size // self.tensor_parallel_size
+
     def __post_init__(self) -> None:
-        for name in ("nproc_per_node", "nnodes"):
+        for name in ("nproc_per_node", "nnodes", "tensor_parallel_size"):
             _require(getattr(self, name) >= 1, f"distributed.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        _require(
+            self.nproc_per_node % self.tensor_parallel_size == 0,
+            "distributed.tensor_parallel_size",
+            f"({self.tensor_parallel_size}) must divide distributed.nproc_per_node ({self.nproc_per_node}): an "
+            f"engine's tensor-parallel group stays on one node",
+        )
 
 
 def _check_distributed(params: Params) -> None:
@@ -545,11 +559,13 @@ def _check_distributed(params: Params) -> None:
         "rollout.layout",
         f"must be colocate (or cpu) with distributed.world_size {world}: each rank holds its own engine",
     )
+    groups = params.distributed.data_parallel_size
     _require(
-        grpo.questions_per_step % world == 0,
+        grpo.questions_per_step % groups == 0,
         "grpo.rollout_batch_size",
-        f"({grpo.rollout_batch_size}) must give every one of the {world} ranks (distributed.nproc_per_node × nnodes) "
-        f"the same number of whole groups: questions per step {grpo.questions_per_step} is not divisible by {world}",
+        f"({grpo.rollout_batch_size}) must give every one of the {groups} data-parallel groups (distributed."
+        f"nproc_per_node × nnodes / tensor_parallel_size) the same number of whole groups of responses: questions "
+        f"per step {grpo.questions_per_step} is not divisible by {groups}",
     )
     _require(
         grpo.train_batch_size % world == 0,

@@ -37,6 +37,8 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    tensor_parallel_size: int = 1
+    """Consecutive ranks that share one engine (vLLM's tensor-parallel group): a data-parallel group."""
 
     @property
     def is_main(self) -> bool:
@@ -47,15 +49,31 @@ class Ranks:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.rank // self.tensor_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.tensor_parallel_size
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
     def share(self, items: Sequence[T]) -> list[T]:
-        """This rank's contiguous share of ``items``; sizes differ by at most one (rank order = item order)."""
+        """This rank's data-parallel group's contiguous share of ``items`` (the same on the group's ranks: they
+        generate together); sizes differ by at most one, group order = item order."""
         return [items[index] for index in self.share_range(len(items))]
 
     def share_range(self, count: int) -> range:
-        """The indices of this rank's share of ``count`` items."""
-        size, extra = divmod(count, self.world_size)
-        start = self.rank * size + min(self.rank, extra)
-        return range(start, start + size + (self.rank < extra))
+        """The indices of this rank's data-parallel group's share of ``count`` items."""
+        return _contiguous_share(count, self.data_parallel_rank, self.data_parallel_size)
+
+    def rows_to_train(self, count: int) -> list[int]:
+        """Of the ``count`` rows its group sampled, those this rank trains on (all of them without tensor
+        parallelism; a contiguous share each with it)."""
+        return list(_contiguous_share(count, self.tensor_parallel_rank, self.tensor_parallel_size))
 
     def gather(self, items: list[T]) -> list[T]:
         """Every rank's ``items`` concatenated in rank order, on every rank (picklable objects)."""
@@ -100,6 +118,12 @@ class Ranks:
 SINGLE = Ranks()
 
 
+def _contiguous_share(count: int, index: int, parts: int) -> range:
+    size, extra = divmod(count, parts)
+    start = index * size + min(index, extra)
+    return range(start, start + size + (index < extra))
+
+
 def init_ranks(config: DistributedConfig, device_type: str) -> Ranks:
     """The process group of a torchrun launch (NCCL on GPUs, gloo on CPU), made before the rollout engine starts;
     :data:`SINGLE` outside torchrun. The world torchrun made must be the one ``distributed`` asks for."""
@@ -112,7 +136,7 @@ def init_ranks(config: DistributedConfig, device_type: str) -> Ranks:
         )
     if world_size == 1:
         return SINGLE
-    ranks = Ranks(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]))
+    ranks = Ranks(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]), config.tensor_parallel_size)
     if device_type == "cuda":
         torch.cuda.set_device(ranks.local_rank)
     if not torch.distributed.is_initialized():

@@ -147,8 +147,9 @@ def draw_rollouts(
     ranks: Ranks = SINGLE,
 ) -> DrawnRollouts:
     """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each: of this rank's
-    share of them, with the rank's own sampling seed (the draw is the same on every rank, so the ranks' shares
-    together are the questions one process would train on; each group stays on one rank, with its advantages).
+    data-parallel group's share of them, with the group's own sampling seed (the draw is the same on every rank, so
+    the shares together are the questions one process would train on; each group of responses stays on one rank, or
+    one tensor-parallel group, with its advantages).
 
     With ``dynamic_sampling`` (DAPO, arXiv:2503.14476) a group whose rewards are all equal, which has no advantage
     to learn from, is dropped, and up to ``max_sampling_rounds`` rounds draw further questions (not drawn before in
@@ -158,7 +159,7 @@ def draw_rollouts(
     """
     wanted = min(config.questions_per_step, len(train))
     questions = ranks.share(random.Random(step_seed).sample(train, wanted))
-    sampling_seed = step_seed * ranks.world_size + ranks.rank
+    sampling_seed = step_seed * ranks.data_parallel_size + ranks.data_parallel_rank
     prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
     drawn = DrawnRollouts(questions, prompts, samples)
     if not config.dynamic_sampling:
@@ -638,7 +639,7 @@ def run_grpo(
             # Train: epochs over the rollout batch, one optimizer step per train batch.
             order_rng = random.Random(step_seed)
             for _ in range(config.epochs_per_rollout_batch):
-                order = list(range(len(batch.responses)))
+                order = ranks.rows_to_train(len(batch.responses))
                 order_rng.shuffle(order)
                 for rows in chunks(order, train_rows_per_rank):  # one optimizer step each
                     metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks)

@@ -118,7 +118,9 @@ class _RotaryReloadWarningFilter(logging.Filter):
 class RolloutEngine:
     """vLLM's offline engine for one model directory, plus weight sync from a training policy."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig) -> None:
+    def __init__(self, model_dir: str | Path, config: EngineConfig, tensor_parallel_size: int = 1) -> None:
+        """``tensor_parallel_size`` > 1: this rank's engine is one shard of an engine over that many consecutive
+        ranks of the process group (torchrun only)."""
         self.config = config
         # The current GPU before vLLM changes it: cuda:0, or under torchrun the rank's own (set by init_ranks).
         self._policy_device = (
@@ -141,7 +143,7 @@ class RolloutEngine:
                 use_tqdm_on_load=False,
                 log_level="WARNING",  # vLLM logs its whole config and every start-up phase at INFO
                 **self._layout_kwargs(config),
-                **self._rank_kwargs(),
+                **self._rank_kwargs(tensor_parallel_size),
             )
             # In-process engines only: the worker object is what sync_weights hands the tensors to.
             self._worker = self._llm.llm_engine.model_executor.driver_worker.worker
@@ -188,11 +190,13 @@ class RolloutEngine:
         return kwargs
 
     @staticmethod
-    def _rank_kwargs() -> dict:
-        """Under torchrun: one engine per rank, in this process, joining the ranks' process group (made before the
-        engine starts, by ``reasonrl.distributed.init_ranks``) with tensor parallel 1."""
+    def _rank_kwargs(tensor_parallel_size: int) -> dict:
+        """Under torchrun: an engine per rank, in this process, joining the ranks' process group (made before the
+        engine starts, by ``reasonrl.distributed.init_ranks``); with tensor parallelism, a shard of one."""
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            return {"distributed_executor_backend": "external_launcher"}
+            return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tensor_parallel_size}
+        if tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs ranks launched by torchrun (python -m reasonrl.launch)")
         return {}
 
     def policy_device(self) -> torch.device:

@@ -84,7 +84,11 @@ def prepare_for_training(
 
 
 def start_training(
-    model_dir: str | Path, config: SFTOptimization | GRPOConfig, section: str, rollout: EngineConfig
+    model_dir: str | Path,
+    config: SFTOptimization | GRPOConfig,
+    section: str,
+    rollout: EngineConfig,
+    ranks: Ranks = SINGLE,
 ) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
     ``model_dir`` before any model loads (LoRA's target modules, the GPU memory plan, printed), then the rollout
@@ -95,7 +99,7 @@ def start_training(
     plan = check_gpu_memory(model_dir, config, section, rollout)
     if plan:
         print(f"{section}: {plan}")
-    engine = RolloutEngine(model_dir, rollout)
+    engine = RolloutEngine(model_dir, rollout, ranks.tensor_parallel_size)
     policy, tokenizer = load_policy(
         model_dir, engine.policy_device(), config.precision, config.gradient_checkpointing, lora=config
     )
@@ -231,8 +235,8 @@ def validate(
     ranks: Ranks = SINGLE,
 ) -> EvalResult:
     """Evaluate the policy on the first ``num_examples`` validation questions, in a generation phase of the engine
-    (woken, loaded with the policy's weights, put back to sleep). Over several ranks each evaluates its share of
-    the questions, and every rank gets the gathered result."""
+    (woken, loaded with the policy's weights, put back to sleep). Over several ranks each data-parallel group
+    evaluates its share of the questions, and every rank gets the gathered result."""
     share = ranks.share_range(min(num_examples, len(val)))
     with engine.serving(policy):
         result = evaluate(
@@ -244,7 +248,8 @@ def validate(
         )
     if not ranks.distributed:
         return result
-    records = ranks.gather([r | {"question_index": r["question_index"] + share.start} for r in result.records])
+    mine = [r | {"question_index": r["question_index"] + share.start} for r in result.records]
+    records = ranks.gather(mine if ranks.tensor_parallel_rank == 0 else [])  # one copy per engine
     return EvalResult(summarize(records), records)
 
 
