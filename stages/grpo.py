@@ -30,7 +30,8 @@ def main() -> None:
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
-    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks)
+    shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
+    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
     best = run_grpo(
         policy,
         tokenizer,

@@ -77,3 +77,11 @@ def test_an_engine_that_stays_awake_while_training_is_counted(full_scale):
     asleep = dataclasses.replace(awake, enable_sleep=True)
     plans = [plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB) for engine in (awake, asleep)]
     assert plans[0].training - plans[1].training == plans[0].engine > 0
+
+
+def test_fsdp2_splits_the_policy_state_over_its_ranks(full_scale):
+    engine = dataclasses.replace(full_scale.rollout, layout="colocate")
+    whole, shard = (plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB, shards) for shards in (1, 8))
+    for part in ("weights", "gradients", "optimizer"):
+        assert getattr(shard, part) == getattr(whole, part) // 8
+    assert shard.activations == whole.activations and shard.engine == whole.engine  # per GPU either way

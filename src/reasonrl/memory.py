@@ -154,9 +154,10 @@ class MemoryPlan:
 
 
 def plan_memory(
-    shape: ModelShape, settings: TrainingMemorySettings, engine: EngineConfig, device_bytes: int
+    shape: ModelShape, settings: TrainingMemorySettings, engine: EngineConfig, device_bytes: int, shards: int = 1
 ) -> MemoryPlan:
-    """The plan of a policy of ``shape`` trained with ``settings`` beside an engine laid out as ``engine``."""
+    """The plan of a policy of ``shape`` trained with ``settings`` beside an engine laid out as ``engine``; its
+    weights, gradients and AdamW state split in ``shards`` (FSDP2 over that many ranks: one GPU's share)."""
     weight_bytes, gradient_bytes, optimizer_bytes, autocast_bytes = BYTES_PER_PARAMETER[settings.precision]
     lora = settings.lora_rank > 0
     adapters = shape.lora_parameters(settings.lora_rank, settings.lora_target_modules) if lora else 0
@@ -174,10 +175,10 @@ def plan_memory(
     engine_share = int(engine.engine_memory_fraction * device_bytes) if engine.layout == "colocate" else 0
     sleeps = engine.layout != "colocate" or engine.enable_sleep
     return MemoryPlan(
-        weights=weight_bytes * (shape.parameters + adapters),
-        gradients=gradient_bytes * trained,
-        optimizer=optimizer_bytes * trained,
-        autocast_weights=autocast_bytes * shape.parameters,
+        weights=weight_bytes * (shape.parameters + adapters) // shards,
+        gradients=gradient_bytes * trained // shards,
+        optimizer=optimizer_bytes * trained // shards,
+        autocast_weights=autocast_bytes * shape.parameters // shards,
         # A LoRA policy with its adapters off is the reference: no copy.
         reference=2 * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 and not lora else 0,
         activations=activations,
@@ -215,10 +216,10 @@ def _gib(size: int) -> str:
 
 
 def check_gpu_memory(
-    model_dir: str | Path, settings: TrainingMemorySettings, section: str, engine: EngineConfig
+    model_dir: str | Path, settings: TrainingMemorySettings, section: str, engine: EngineConfig, shards: int = 1
 ) -> str | None:
     """Check the plan on this machine's GPUs before any model loads (``cpu`` layout: nothing to check, ``None``);
-    returns the plan's one-line summary."""
+    returns the plan's one-line summary. ``shards``: the ranks FSDP2 splits the policy over."""
     if engine.layout == "cpu":
         return None
     import torch  # GPU-only from here on
@@ -230,6 +231,6 @@ def check_gpu_memory(
     if engine.layout == "split" and torch.device(engine.engine_device).index >= found:
         raise ConfigError(f"rollout.engine_device: no {engine.engine_device} on this machine ({found} GPUs)")
     device_bytes = torch.cuda.get_device_properties(0).total_memory
-    plan = plan_memory(ModelShape.from_dir(model_dir), settings, engine, device_bytes)
+    plan = plan_memory(ModelShape.from_dir(model_dir), settings, engine, device_bytes, shards)
     check_memory_plan(plan, section, engine)
     return plan.summary()

@@ -89,14 +89,16 @@ def start_training(
     section: str,
     rollout: EngineConfig,
     ranks: Ranks = SINGLE,
+    policy_shards: int = 1,
 ) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
-    ``model_dir`` before any model loads (LoRA's target modules, the GPU memory plan, printed), then the rollout
-    engine and the policy on the device the layout gives it."""
+    ``model_dir`` before any model loads (LoRA's target modules, the GPU memory plan of one of ``policy_shards``
+    FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun) and the policy on the device the
+    layout gives it."""
     from reasonrl.rollout import RolloutEngine  # here, not at the top: training alone (the GPU bench) needs no vLLM
 
     check_lora_targets(model_dir, config, section)
-    plan = check_gpu_memory(model_dir, config, section, rollout)
+    plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
         print(f"{section}: {plan}")
     engine = RolloutEngine(model_dir, rollout, ranks.tensor_parallel_size)
