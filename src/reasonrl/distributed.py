@@ -98,6 +98,10 @@ class Ranks:
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return int(tensor.item())
 
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
     def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric averaged over the ranks that report it (a rank may have no correct answer to measure)."""
         if not self.distributed:

@@ -558,6 +558,7 @@ def run_grpo(
         tqdm.write(f"GRPO: resuming from {last} (step {state.step})")
     elif last is not None:
         tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
+        ranks.barrier()  # every rank has read the fingerprint before rank 0 deletes the checkpoint
         if ranks.is_main:
             shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
