@@ -29,9 +29,11 @@ NODE_LAUNCHED = "REASONRL_NODE_LAUNCHED"
 
 
 def srun_command(nnodes: int, argv: Sequence[str]) -> list[str]:
-    """This launch again, once on each of the allocation's ``nnodes`` nodes."""
-    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
-            "reasonrl.launch", *argv]  # fmt: skip
+    """This launch again, once on each of the allocation's ``nnodes`` nodes. The task count is explicit and the step
+    may overlap the one it is started from (Snakemake's SLURM jobs run their command inside an ``srun`` step, whose
+    ``SLURM_NTASKS=1`` srun would otherwise take, and whose resources it would otherwise wait for)."""
+    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1", "--overlap",
+            "--kill-on-bad-exit=1", sys.executable, "-m", "reasonrl.launch", *argv]  # fmt: skip
 
 
 def first_host(nodelist: str) -> str:
@@ -82,7 +84,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.execv(sys.executable, [sys.executable, args.script, *args.script_args])
     if args.nnodes > 1 and "SLURM_JOB_ID" in os.environ and NODE_LAUNCHED not in os.environ:
         environ = {**os.environ, NODE_LAUNCHED: "1"}
-        environ.setdefault("MASTER_ADDR", first_host(os.environ["SLURM_JOB_NODELIST"]))
+        if not environ.get("MASTER_ADDR"):
+            if not environ.get("SLURM_JOB_NODELIST"):
+                raise ConfigError(
+                    "distributed.nnodes: in SLURM job $SLURM_JOB_ID without $SLURM_JOB_NODELIST; export MASTER_ADDR "
+                    "(the first node's host name) for the nodes to meet at"
+                )
+            environ["MASTER_ADDR"] = first_host(environ["SLURM_JOB_NODELIST"])
         command = srun_command(args.nnodes, argv)
         os.execvpe(command[0], command, environ)
     from torch.distributed.run import main as torchrun
