@@ -3,8 +3,9 @@ loop needs.
 
 A single process is the same code with :data:`SINGLE`: every collective returns its input and the policy trains
 through the same :class:`PolicyScorer`, unwrapped. Under torchrun (``python -m reasonrl.launch``) the process
-group exists before the rollout engine starts, which then joins it through vLLM's ``external_launcher`` executor
-(tensor parallel 1: an engine per rank, in-process, as TRL's colocate mode has it).
+group exists before the rollout engine starts, which then joins it through vLLM's ``external_launcher`` executor,
+in-process: an engine per rank, as TRL's colocate mode has it, or one sharded over each group of
+``tensor_parallel_size`` consecutive ranks, which then sample together and split the training rows.
 
 Collectives must run on every rank in the same order; the loop keeps them so by giving every rank the same number
 of microbatches (padding with zero-weight ones) and by calling the weight gathers of FSDP2 (``full_tensor``) from
