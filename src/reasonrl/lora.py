@@ -105,9 +105,9 @@ def check_lora_targets(model_dir: str | Path, settings: LoRASettings, section: s
     (read from its safetensors headers), or a :class:`ConfigError` names the param and lists the candidates."""
     if settings.lora_rank == 0:
         return
-    from reasonrl.memory import weight_matrices  # the headers are read in one place
+    from reasonrl.memory import ModelShape  # the headers are read in one place
 
-    modules = {name.removesuffix(".weight").rpartition(".")[2] for name in weight_matrices(model_dir)}
+    modules = ModelShape.from_dir(model_dir).linear_modules
     missing = sorted(set(settings.lora_target_modules) - modules)
     if missing:
         raise ConfigError(

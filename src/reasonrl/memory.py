@@ -66,13 +66,25 @@ class ModelShape:
         """From ``config.json`` and the safetensors headers (the parameter count, whatever the architecture)."""
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         tensors = tensor_shapes(model_dir)
+        # The 2-D weights but the vocabulary-sized ones (the embedding and the output layer, tied in small models:
+        # an adapter there would change one and not the other).
+        linear_weights = {
+            name: (shape[0], shape[1])
+            for name, shape in tensors.items()
+            if name.endswith(".weight") and len(shape) == 2 and config["vocab_size"] not in shape
+        }
         return cls(
             parameters=sum(math.prod(shape) for shape in tensors.values()),
             hidden_size=config["hidden_size"],
             num_layers=config["num_hidden_layers"],
             intermediate_size=config["intermediate_size"],
-            linear_weights=weight_matrices(model_dir),
+            linear_weights=linear_weights,
         )
+
+    @property
+    def linear_modules(self) -> set[str]:
+        """The names LoRA targets them by: the last component of each linear layer's module name."""
+        return {_module_leaf(name) for name in self.linear_weights}
 
     def lora_parameters(self, rank: int, target_modules: list[str]) -> int:
         """Parameters of rank-``rank`` adapters on the matrices of ``target_modules``: r × (in + out) each."""
@@ -80,8 +92,12 @@ class ModelShape:
         return sum(
             rank * (rows + columns)
             for name, (rows, columns) in self.linear_weights.items()
-            if name.removesuffix(".weight").rpartition(".")[2] in targets
+            if _module_leaf(name) in targets
         )
+
+
+def _module_leaf(weight_name: str) -> str:
+    return weight_name.removesuffix(".weight").rpartition(".")[2]
 
 
 def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
@@ -97,17 +113,6 @@ def tensor_shapes(model_dir: str | Path) -> dict[str, list[int]]:
             header = json.loads(stream.read(header_length))
         shapes.update((name, entry["shape"]) for name, entry in header.items() if name != "__metadata__")
     return shapes
-
-
-def weight_matrices(model_dir: str | Path) -> dict[str, tuple[int, int]]:
-    """The 2-D ``*.weight`` tensors of ``model_dir`` but the vocabulary-sized ones (the embedding and the output
-    layer, tied in small models: an adapter there would change one and not the other)."""
-    vocab_size = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    return {
-        name: (shape[0], shape[1])
-        for name, shape in tensor_shapes(model_dir).items()
-        if name.endswith(".weight") and len(shape) == 2 and vocab_size not in shape
-    }
 
 
 @dataclass(frozen=True)

@@ -221,8 +221,13 @@ class BestCheckpoint:
         if accuracy <= self.accuracy:
             return False
         self.accuracy, self.step = accuracy, step
-        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in merged_weights(policy)}
-        self.state_dict = weights if keep_weights else None
+        weights = merged_weights(policy)
+        if keep_weights:
+            self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
+        else:
+            self.state_dict = None
+            for _ in weights:  # every rank takes part in the gathers, in the same order; only rank 0 keeps a copy
+                pass
         return True
 
 
