@@ -50,7 +50,7 @@ def test_repository_params_are_valid_full_scale(params_file):
         ({"rollout": {"gpu_memory_utilization": 1.5}}, "rollout: EngineConfig.gpu_memory_utilization must be"),
         ({"grpo": {"cliprange_high": 0.28}}, "grpo.cliprange_high: only grpo_clip clips"),
         ({"grpo": {"kl_coef": -0.1}}, "grpo.kl_coef: must be ≥ 0"),
-        ({"grpo": {"kl_estimator": "k2"}}, r"grpo.kl_estimator: must be one of \['k1', 'k3'\]"),
+        ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3'\]"),
     ],
 )
 def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override, message):

@@ -63,7 +63,7 @@ def test_reinforce_step_equals_hand_computed_loss_and_gradient(
     """Whatever the split, the gradient is the handout's mean over the step's sequences (fp32, to 1e-6)."""
     batch = fixed_batch(advantages=[1.5, -0.5, 0.0, -1.0], raw_rewards=[1.0, 0.0, 0.0, 0.0])
     config = GRPOConfig(
-        rollout_batch_size=8,
+        rollout_batch_size=4,
         group_size=2,
         train_batch_size=4,
         gradient_accumulation_steps=gradient_accumulation_steps,
@@ -110,7 +110,7 @@ def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model):
     batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     batch.truncated = torch.tensor([False, True, False, True])
     config = GRPOConfig(
-        rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True
+        rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True
     )
     kept = [0, 2]
     tiny_model.zero_grad()
@@ -135,7 +135,7 @@ def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model):
 
 def test_old_log_probs_are_not_differentiable_and_do_not_depend_on_the_split(tiny_model):
     batch = fixed_batch(advantages=[0.0] * 4, raw_rewards=[0.0] * 4)
-    whole = GRPOConfig(rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
+    whole = GRPOConfig(rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
     old = compute_old_log_probs(tiny_model, batch, whole)
     assert not old.requires_grad and old.shape == batch.labels.shape
     assert torch.all(old[batch.response_mask] < 0)

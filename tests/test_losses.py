@@ -52,8 +52,8 @@ def test_masked_reductions_over_everything_and_over_rows():
     assert masked_mean(values, mask).item() == pytest.approx((1 + 3 + 6) / 3)
     assert masked_mean(values, mask, dim=-1).tolist() == pytest.approx([2.0, 6.0])
     assert masked_mean(values, mask, dim=0).tolist()[0] == pytest.approx(1.0)
-    assert masked_normalize(values, mask, 2.0).item() == pytest.approx(5.0)
-    assert masked_normalize(values, mask, 2.0, dim=-1).tolist() == pytest.approx([2.0, 3.0])
+    assert masked_normalize(values, mask, normalize_constant=2.0).item() == pytest.approx(5.0)
+    assert masked_normalize(values, mask, dim=-1, normalize_constant=2.0).tolist() == pytest.approx([2.0, 3.0])
 
 
 def test_sft_microbatch_train_step_scales_by_accumulation_and_backpropagates():
@@ -218,15 +218,43 @@ def test_clip_higher_widens_only_the_upper_edge():
 def test_kl_estimators_by_hand():
     policy = torch.log(torch.tensor([[0.5, 0.25]]))
     reference = torch.log(torch.tensor([[0.25, 0.25]]))  # r = π_ref/π = [0.5, 1]
-    assert compute_kl(policy, reference, "k1").tolist()[0] == pytest.approx([math.log(2), 0.0])
+    assert compute_kl(policy, reference, "k2").tolist()[0] == pytest.approx([0.5 * math.log(2) ** 2, 0.0])
     assert compute_kl(policy, reference, "k3").tolist()[0] == pytest.approx([0.5 - 1 + math.log(2), 0.0])
-    with pytest.raises(ValueError, match="kl_estimator must be one of k1, k3"):
-        compute_kl(policy, reference, "k2")
+    with pytest.raises(ValueError, match="kl_estimator must be one of k2, k3"):
+        compute_kl(policy, reference, "k1")
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def exact_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
+    """Over a 6-token distribution π = softmax(θ): the estimator's expected gradient E_{a~π}[∇θ k(a)] (the token is
+    sampled, the gradient flows through log π(a) only), enumerated exactly, and the two KL directions' gradients."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, generator=generator, dtype=torch.float64).requires_grad_()
+    ref_log_probs = torch.log_softmax(torch.randn(6, generator=generator, dtype=torch.float64), dim=-1)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    per_token = compute_kl(log_probs, ref_log_probs, estimator)  # [6]: the penalty if token a were sampled
+    (expected,) = torch.autograd.grad((probs.detach() * per_token).sum(), logits, retain_graph=True)
+    (forward,) = torch.autograd.grad((probs * (log_probs - ref_log_probs)).sum(), logits, retain_graph=True)
+    (reverse,) = torch.autograd.grad((ref_log_probs.exp() * (ref_log_probs - log_probs)).sum(), logits)
+    # forward = ∇ KL(π ‖ π_ref), reverse = ∇ KL(π_ref ‖ π)
+    return {"expected": expected, "forward": forward, "reverse": reverse}
+
+
+@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse")])
+def test_kl_penalty_expected_gradient_is_the_documented_kl_gradient(estimator, direction):
+    """k2's expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring says), exactly;
+    k1 = -log r, the removed estimator, had expected gradient 0 (norm 0 here against ∇ KL's 0.3+)."""
+    gradients = exact_kl_gradients(estimator)
+    other = "reverse" if direction == "forward" else "forward"
+    assert gradients[direction].norm() > 0.1
+    assert torch.allclose(gradients["expected"], gradients[direction], atol=1e-12)
+    assert not torch.allclose(gradients["expected"], gradients[other], atol=1e-3)
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
 def test_kl_penalty_adds_to_the_loss_and_its_gradient(estimator):
-    """Per token: loss = -A·log π + β·KL; d/dlogπ of k1 is 1, of k3 is 1 - r; masked mean per sequence."""
+    """Per token: loss = -A·log π + β·k; d/dlogπ of k2 = ½(log r)² is -log r, of k3 it is 1 - r; masked mean per
+    sequence. The logged KL is the k3 value whichever estimator trains."""
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     log_probs = torch.log(torch.tensor([[0.5, 0.25, 0.9]])).requires_grad_()
     reference = torch.log(torch.tensor([[0.25, 0.5, 0.9]]))  # r = [0.5, 2, 1]
@@ -236,10 +264,11 @@ def test_kl_penalty_adds_to_the_loss_and_its_gradient(estimator):
         ref_log_probs=reference, kl_coef=beta, kl_estimator=estimator,
     )  # fmt: skip
     r = torch.tensor([0.5, 2.0])
-    kl = -torch.log(r) if estimator == "k1" else (r - 1) - torch.log(r)
-    expected_loss = (-2.0 * log_probs.detach()[0, :2] + beta * kl).mean()
+    k3 = (r - 1) - torch.log(r)
+    penalty = 0.5 * torch.log(r) ** 2 if estimator == "k2" else k3
+    expected_loss = (-2.0 * log_probs.detach()[0, :2] + beta * penalty).mean()
     assert loss.item() == pytest.approx(expected_loss.item())
-    assert metadata["kl"].item() == pytest.approx(kl.mean().item())
-    dkl = torch.ones(2) if estimator == "k1" else 1 - r
+    assert metadata["kl"].item() == pytest.approx(k3.mean().item())
+    dkl = -torch.log(r) if estimator == "k2" else 1 - r
     assert log_probs.grad[0, :2].tolist() == pytest.approx(((-2.0 + beta * dkl) / 2).tolist())
     assert log_probs.grad[0, 2].item() == 0.0

@@ -415,11 +415,13 @@ class GRPOConfig(LoRAOptions):
     (arXiv:2503.14476, 0.28 there) leaves low-probability tokens room to grow, against entropy collapse; null =
     ``cliprange`` (symmetric)."""
     kl_coef: float = 0.0
-    """Weight of a per-token KL(π ‖ π_ref) penalty to the frozen init model (0 = off, the handout's and DAPO's
-    choice; the GRPO paper used 0.04): keeps the policy near where it started at the cost of a reference forward pass
-    per rollout batch and a copy of the weights."""
+    """Weight of a per-token KL penalty to the frozen init model (0 = off, the handout's and DAPO's choice; the GRPO
+    paper used 0.04): keeps the policy near where it started at the cost of a reference forward pass per rollout
+    batch and a copy of the weights."""
     kl_estimator: KLEstimator = "k3"
-    """``k3`` ((r-1) - log r, never negative, low variance) or ``k1`` (-log r), with r = π_ref/π per sampled token."""
+    """The penalty per sampled token, r = π_ref/π: ``k3`` = (r-1) - log r, whose expected gradient is ∇ KL(π_ref ‖ π)
+    (the GRPO paper's), or ``k2`` = ½ (log r)², whose expected gradient is ∇ KL(π ‖ π_ref). (``k1`` = -log r has
+    expected gradient 0 as a loss, so it is not offered.)"""
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal (no advantage, no gradient) and draw more questions until the step
     has ``rollout_batch_size / group_size`` groups with signal (DAPO, arXiv:2503.14476): more rollouts per step,
@@ -501,6 +503,15 @@ class GRPOConfig(LoRAOptions):
             self.rollout_batch_size % self.train_batch_size == 0,
             "grpo.rollout_batch_size",
             f"({self.rollout_batch_size}) must be divisible by grpo.train_batch_size ({self.train_batch_size})",
+        )
+        off_policy = self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
+        _require(
+            not off_policy or LOSS_TYPES[self.loss_type].needs_old_log_probs,
+            "grpo.loss_type",
+            f"{self.loss_type} has no importance ratio, but grpo.epochs_per_rollout_batch "
+            f"({self.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({self.train_batch_size}) < "
+            f"grpo.rollout_batch_size ({self.rollout_batch_size}) trains later optimizer steps on samples of an older "
+            f"policy (a biased gradient): use grpo_clip or grpo_no_clip, or one optimizer step per rollout batch",
         )
 
     @property

@@ -9,13 +9,14 @@ the batch in optimizer steps of ``train_batch_size`` responses. ``run_grpo`` rea
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
-from reasonrl.sft import BestCheckpoint, load_policy, log_validation, validate
+from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
 
 if TYPE_CHECKING:
@@ -309,13 +310,16 @@ def accumulate_gradients(
 
     A microbatch of ``b`` of the step's ``n`` sequences passes ``gradient_accumulation_steps = n / b``: its mean
     per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
-    the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step
-    (its mean runs over the others). Entropy, clip fractions and KL are means over the trained response tokens.
+    the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step:
+    under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
+    normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
+    tokens.
 
     Over several ranks, ``rows`` are this rank's share of the step: each microbatch is weighted by the step's rows
     on all ranks, so the gradients DDP or FSDP2 average in the last microbatch's backward (the only one that syncs)
     are those of the whole step, and the metrics returned are the whole step's on every rank.
     """
+    all_rows = ranks.sum(len(rows))
     if config.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
     token_means = {"train/entropy": 0.0}
@@ -327,6 +331,9 @@ def accumulate_gradients(
     if not step_rows:
         tqdm.write("GRPO: every response of this optimizer step was truncated (grpo.mask_truncated); nothing to train")
         return {"train/loss": 0.0} | token_means
+    # Dr. GRPO's per-sequence constant (max_tokens) is only constant if the step's sequences all count, truncated ones
+    # with zero loss: dividing by the kept rows would scale the step up with the truncation rate.
+    weighted_rows = all_rows if config.length_normalization == "masked_normalize" else step_rows
     step_tokens = ranks.sum(batch.response_mask[rows].sum().item())
     loss = 0.0
     parts = equal_counts(
@@ -338,8 +345,9 @@ def accumulate_gradients(
                 scored = policy_log_probs(policy, batch, [0], config.precision)
                 (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
                 continue
+            accumulation = weighted_rows / (ranks.world_size * len(part))
             step_loss, metadata, scored, mask = _microbatch_step(
-                policy, batch, part, old_log_probs, ref_log_probs, config, step_rows / (ranks.world_size * len(part))
+                policy, batch, part, old_log_probs, ref_log_probs, config, accumulation
             )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         loss += step_loss.item()
@@ -383,6 +391,18 @@ def _microbatch_step(
     return step_loss, metadata, scored, mask
 
 
+def frozen_reference(policy: PreTrainedModel, config: GRPOConfig) -> PreTrainedModel | None:
+    """The KL penalty's reference (``kl_coef > 0``): the init model, frozen. With LoRA it is ``policy`` itself (run
+    with its adapters off); otherwise a copy of ``policy`` as loaded, in the same dtype and computed in the same
+    precision, so the penalty is exactly 0 before the first update (a bf16 reference beside an fp32 ``mixed``
+    policy differs by up to 0.28 nat per token at step 0)."""
+    if config.kl_coef == 0:
+        return None
+    if config.lora_rank > 0:
+        return policy
+    return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
 def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         trainable_parameters(policy),
@@ -401,18 +421,53 @@ def optimizer_step(
     step: int,
     checks: dict[str, Any],
     ranks: Ranks = SINGLE,
+    share: float = 1.0,
 ) -> dict[str, float]:
     """Clip and apply the accumulated gradients, unless something is NaN/Inf (then skip and count). Over several
-    ranks each check is summed over them first, so a NaN on one rank skips the step on all of them together."""
+    ranks each check is summed over them first, so a NaN on one rank skips the step on all of them together.
+
+    ``share``: the step's rows over a full ``train_batch_size``, below 1 only when dynamic sampling ran out of rounds
+    short of groups. The step's learning rate is scaled by it (the linear scaling rule, arXiv:1706.02677): a mean over
+    fewer samples is a noisier estimate, and AdamW would otherwise move the weights as far as on a full step."""
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
     if ranks.distributed:
         checks = {
             name: ranks.sum(torch.as_tensor(value, dtype=torch.float64).sum().item()) for name, value in checks.items()
         }
     if guard.allows(step, {**checks, "gradient norm": grad_norm}):
-        optimizer.step()
+        with scaled_learning_rate(optimizer, share):
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"train/grad_norm": grad_norm.item(), "train/skipped_steps": guard.skipped}
+    return {
+        "train/grad_norm": grad_norm.item(),
+        "train/skipped_steps": guard.skipped,
+        "train/learning_rate": optimizer.param_groups[0]["lr"] * share,
+    }
+
+
+@contextlib.contextmanager
+def scaled_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
+    """Every parameter group's learning rate times ``factor``, for one ``optimizer.step()``."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+    try:
+        yield
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+
+
+def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig, ranks: Ranks = SINGLE) -> bool:
+    """Whether an optimizer step on ``rows`` (on any rank) can have a gradient: a trained row with a non-zero loss
+    weight (its advantage; its raw reward for ``no_baseline``), or a KL penalty. A step without one is skipped:
+    its gradient is zero, but AdamW's momentum would still move the weights."""
+    if config.kl_coef > 0:
+        return True
+    if config.mask_truncated:
+        rows = [row for row in rows if not batch.truncated[row]]
+    weights = batch.raw_rewards if LOSS_TYPES[config.loss_type].weight == "raw_rewards" else batch.advantages  # [N]
+    return ranks.sum((weights[rows] != 0).sum().item()) > 0  # NaN counts as a signal: the NaN guard reports it
 
 
 # ---------------------------------------------------------------------------------------------------------- checkpoints
@@ -463,6 +518,7 @@ class TrainingState:
     elapsed_seconds: float = 0.0
     skipped_steps: int = 0
     consecutive_nonfinite: int = 0
+    zero_signal_steps: int = 0
     best_accuracy: float = -1.0
     best_step: int | None = None
 
@@ -548,6 +604,7 @@ def run_grpo(
     Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
     step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
     best weights."""
+    reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
     best, state = BestCheckpoint(), TrainingState()
@@ -562,12 +619,8 @@ def run_grpo(
         if ranks.is_main:
             shutil.rmtree(checkpoint_dir)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
-    reference = None
-    if config.kl_coef > 0 and config.lora_rank > 0:  # the policy with its adapters off is the init model
+    if reference is policy:
         reference = trainer
-    elif config.kl_coef > 0:  # the frozen init model: 16-bit on GPU is enough for a model that never trains
-        reference, _ = load_policy(init_model_dir, next(policy.parameters()).device, precision="bf16")
-        reference.eval().requires_grad_(False)
     train_rows_per_rank = config.train_batch_size // ranks.world_size
 
     with open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
@@ -643,9 +696,17 @@ def run_grpo(
                 order = ranks.rows_to_train(len(batch.responses))
                 order_rng.shuffle(order)
                 for rows in chunks(order, train_rows_per_rank):  # one optimizer step each
-                    metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks)
-                    checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
-                    metrics |= optimizer_step(policy, optimizer, config, guard, step, checks, ranks)
+                    metrics = {}
+                    if has_learning_signal(batch, rows, config, ranks):
+                        metrics = accumulate_gradients(
+                            trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks
+                        )
+                        checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
+                        share = len(rows) / train_rows_per_rank
+                        metrics |= optimizer_step(policy, optimizer, config, guard, step, checks, ranks, share)
+                    else:
+                        state.zero_signal_steps += 1
+                    metrics["train/zero_signal_steps"] = state.zero_signal_steps
                     state.optimizer_steps += 1
                     live.step = state.optimizer_steps
                     sampling = {"rollout/sampling_rounds": drawn.sampling_rounds}

@@ -41,5 +41,6 @@ LOSS_TYPES: dict[str, LossType] = {
 LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")
 """Per-sequence reduction of the per-token loss: over its own tokens, or over a constant (Dr. GRPO)."""
 
-KL_ESTIMATORS = ("k1", "k3")
-"""Per-token estimators of KL(π ‖ π_ref) for ``grpo.kl_estimator`` (see ``losses.compute_kl``)."""
+KL_ESTIMATORS = ("k2", "k3")
+"""Per-token KL penalties for ``grpo.kl_estimator``: ``k2`` follows ∇ KL(π ‖ π_ref), ``k3`` ∇ KL(π_ref ‖ π) (see
+``losses.compute_kl``)."""

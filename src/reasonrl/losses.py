@@ -11,9 +11,10 @@ from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 
 # ---------------------------------------------------------------------------------------------------- reductions
 def masked_normalize(
-    tensor: torch.Tensor, mask: torch.Tensor, normalize_constant: float, dim: int | None = None
+    tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None, normalize_constant: float = 1.0
 ) -> torch.Tensor:
-    """Sum of ``tensor`` where ``mask`` is set, divided by a constant (over ``dim``, or everything)."""
+    """Sum of ``tensor`` where ``mask`` is set, divided by a constant (over ``dim``, or everything); the handout's
+    argument order."""
     masked = tensor * mask
     total = masked.sum() if dim is None else masked.sum(dim=dim)
     return total / normalize_constant
@@ -35,14 +36,16 @@ def sft_microbatch_train_step(
     policy_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
     gradient_accumulation_steps: int,
-    normalize_constant: float = 1.0,
+    normalize_constant: float | None = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Negative log-likelihood of the response tokens of one microbatch; calls ``backward()``.
 
-    Per sequence: the summed response log-prob over ``normalize_constant``; then the batch mean, divided by
-    ``gradient_accumulation_steps`` so that accumulated gradients average over the microbatches.
+    Per sequence: the summed response log-prob over ``normalize_constant`` (None: 1, the handout's default); then
+    the batch mean, divided by ``gradient_accumulation_steps`` so that accumulated gradients average over the
+    microbatches.
     """
-    per_sequence_nll = -masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)  # [B]
+    constant = 1.0 if normalize_constant is None else normalize_constant
+    per_sequence_nll = -masked_normalize(policy_log_probs, response_mask, dim=-1, normalize_constant=constant)  # [B]
     loss = per_sequence_nll.mean() / gradient_accumulation_steps
     loss.backward()
     metadata = {
@@ -202,8 +205,8 @@ def grpo_microbatch_train_step(
     handout's default, which weights tokens of short answers more); ``masked_normalize`` divides by one
     constant such as the max generation length (Dr. GRPO, arXiv:2503.20783), so every token weighs the same.
 
-    ``kl_coef > 0`` adds ``kl_coef · KL`` per token against ``ref_log_probs`` (see :func:`compute_kl`) before the
-    same reduction; metadata ``kl`` is its masked mean.
+    ``kl_coef > 0`` adds ``kl_coef`` times the ``kl_estimator`` penalty per token against ``ref_log_probs`` (see
+    :func:`compute_kl`) before the same reduction; metadata ``kl`` is the masked mean of :func:`kl_value`.
     """
     if length_normalization not in LENGTH_NORMALIZATIONS:
         raise ValueError(
@@ -219,11 +222,13 @@ def grpo_microbatch_train_step(
             raise ValueError("kl_coef > 0 needs ref_log_probs")
         kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # [B, T]
         per_token_loss = per_token_loss + kl_coef * kl
-        metadata["kl"] = masked_mean(kl.detach(), response_mask)
+        metadata["kl"] = masked_mean(kl_value(policy_log_probs.detach(), ref_log_probs), response_mask)
     if length_normalization == "masked_mean":
         per_sequence_loss = masked_mean(per_token_loss, response_mask, dim=-1)  # [B]
     else:
-        per_sequence_loss = masked_normalize(per_token_loss, response_mask, normalize_constant, dim=-1)  # [B]
+        per_sequence_loss = masked_normalize(
+            per_token_loss, response_mask, dim=-1, normalize_constant=normalize_constant
+        )  # [B]
     loss = per_sequence_loss.mean() / gradient_accumulation_steps
     loss.backward()
     for name in ("clipped", "clipped_high", "clipped_low"):
@@ -233,12 +238,27 @@ def grpo_microbatch_train_step(
 
 
 def compute_kl(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(π ‖ π_ref) from the sampled tokens' log-probs (J. Schulman, "Approximating KL
-    divergence", 2020), with ``r = π_ref / π``: ``k1 = -log r`` (unbiased, high variance, can be negative) or
-    ``k3 = (r - 1) - log r`` (unbiased, always ≥ 0, low variance; the GRPO paper's choice)."""
+    """Per-token KL penalty from the sampled tokens' log-probs, ``r = π_ref / π`` (J. Schulman, "Approximating KL
+    divergence", 2020), meant as a loss term: the tokens are sampled from π and the gradient flows through log π
+    only, so what counts is each estimator's expected *gradient*, not its expected value.
+
+    - ``k2 = ½ (log r)²``: gradient ``(log π - log π_ref) ∇log π``, whose expectation under π is
+      ∇ KL(π ‖ π_ref), the forward KL that the reward-shaped penalty of PPO-style RLHF follows.
+    - ``k3 = (r - 1) - log r`` (the GRPO paper's, arXiv:2402.03300): gradient ``(1 - r) ∇log π``, whose
+      expectation is ∇ KL(π_ref ‖ π), the reverse direction (its *value* estimates KL(π ‖ π_ref) unbiasedly).
+
+    ``k1 = -log r`` is not offered: its gradient ``∇log π`` has expectation 0 under π, so as a loss it only adds noise.
+    """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}")
     log_ratio = ref_log_probs - policy_log_probs  # log r, [B, T]
-    if estimator == "k1":
-        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def kl_value(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Per-token ``(r - 1) - log r``: an unbiased, never negative estimate of KL(π ‖ π_ref) under samples of π, the
+    logged ``train/kl`` whatever the penalty's estimator, so runs with either estimator compare."""
+    log_ratio = ref_log_probs - policy_log_probs  # [B, T]
     return torch.expm1(log_ratio) - log_ratio
