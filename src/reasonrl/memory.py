@@ -124,7 +124,7 @@ class MemoryPlan:
     optimizer: int
     autocast_weights: int
     reference: int
-    """A bf16 copy of the init model for ``grpo.kl_coef > 0``."""
+    """A copy of the init model (in the policy's dtype) for ``grpo.kl_coef > 0``."""
     activations: int
     engine: int
     """The engine's share while it generates (``colocate`` only; 0 in ``split``)."""
@@ -184,8 +184,9 @@ def plan_memory(
         gradients=gradient_bytes * trained // shards,
         optimizer=optimizer_bytes * trained // shards,
         autocast_weights=autocast_bytes * shape.parameters // shards,
-        # A LoRA policy with its adapters off is the reference: no copy.
-        reference=2 * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 and not lora else 0,
+        # The reference copies the policy's weights, in their dtype; a LoRA policy with its adapters off is the
+        # reference: no copy.
+        reference=weight_bytes * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 and not lora else 0,
         activations=activations,
         engine=engine_share,
         engine_while_training=0 if sleeps else engine_share,
