@@ -1,10 +1,15 @@
 """Dynamic sampling (DAPO): groups without reward variance are dropped and more questions drawn, repeatably."""
 
+import contextlib
+import io
+from dataclasses import replace
+
 import pytest
 
 from reasonrl.config import EngineConfig, GRPOConfig
 from reasonrl.data import parse_lines
-from reasonrl.grpo import draw_rollouts
+from reasonrl.distributed import SINGLE
+from reasonrl.grpo import draw_rollouts, rollout_metrics
 from reasonrl.prompts import REWARD_FNS
 from reasonrl.rollout import RolloutEngine
 from reasonrl.synthetic import arithmetic_lines
@@ -23,15 +28,39 @@ def engine(tiny_model_dir):
     return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
 
 
-@pytest.fixture
-def setting(monkeypatch):
-    monkeypatch.setitem(REWARD_FNS, "r1_zero", odd_length_reward)
-    train = parse_lines(arithmetic_lines(64, seed=0, max_steps=1, max_value=9), "train")
-    config = GRPOConfig(
-        rollout_batch_size=32, group_size=2, train_batch_size=32, gradient_accumulation_steps=1, max_tokens=6,
-        dynamic_sampling=True, max_sampling_rounds=4,
-    )  # fmt: skip
-    return train, config
+@pytest.fixture(scope="module")
+def setting():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(REWARD_FNS, "r1_zero", odd_length_reward)
+        train = parse_lines(arithmetic_lines(64, seed=0, max_steps=1, max_value=9), "train")
+        config = GRPOConfig(
+            rollout_batch_size=32, group_size=2, train_batch_size=32, gradient_accumulation_steps=1, max_tokens=6,
+            dynamic_sampling=True, max_sampling_rounds=4,
+        )  # fmt: skip
+        yield train, config
+
+
+# One draw of step 11 each, shared by the tests: with dynamic sampling, capped at one round, and without.
+@pytest.fixture(scope="module")
+def dynamic(engine, setting):
+    train, config = setting
+    return draw_rollouts(engine, train, config, stop=[], step_seed=11)
+
+
+@pytest.fixture(scope="module")
+def capped(engine, setting):
+    """The draw, and what it printed."""
+    train, config = setting
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        drawn = draw_rollouts(engine, train, replace(config, max_sampling_rounds=1), stop=[], step_seed=11)
+    return drawn, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def plain(engine, setting):
+    train, config = setting
+    return draw_rollouts(engine, train, replace(config, dynamic_sampling=False), stop=[], step_seed=11)
 
 
 def variance_groups(drawn, group_size):
@@ -39,31 +68,54 @@ def variance_groups(drawn, group_size):
     return [len(set(rewards[i : i + group_size])) > 1 for i in range(0, len(rewards), group_size)]
 
 
-def test_dynamic_sampling_keeps_only_groups_with_signal_and_replays(engine, setting):
+def test_dynamic_sampling_keeps_only_groups_with_signal_and_replays(engine, setting, dynamic):
     train, config = setting
-    drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11)
-    groups = variance_groups(drawn, config.group_size)
-    print(f"kept {len(groups)} groups in {drawn.sampling_rounds} rounds, dropped {drawn.dropped_groups}")
-    assert all(groups) and len(drawn.samples) == len(drawn.questions) * config.group_size
-    assert drawn.dropped_groups > 0 and drawn.sampling_rounds > 1
-    assert len(drawn.questions) == config.questions_per_step or drawn.sampling_rounds == config.max_sampling_rounds
-    assert len({id(question) for question in drawn.questions}) == len(drawn.questions), "a question drawn twice"
+    groups = variance_groups(dynamic, config.group_size)
+    print(f"kept {len(groups)} groups in {dynamic.sampling_rounds} rounds, dropped {dynamic.dropped_groups}")
+    assert all(groups) and len(dynamic.samples) == len(dynamic.questions) * config.group_size
+    assert dynamic.dropped_groups > 0 and dynamic.sampling_rounds > 1
+    assert len(dynamic.questions) == config.questions_per_step or dynamic.sampling_rounds == config.max_sampling_rounds
+    assert len({id(question) for question in dynamic.questions}) == len(dynamic.questions), "a question drawn twice"
     again = draw_rollouts(engine, train, config, stop=[], step_seed=11)
-    assert [s.token_ids for s in again.samples] == [s.token_ids for s in drawn.samples]
+    assert [s.token_ids for s in again.samples] == [s.token_ids for s in dynamic.samples]
 
 
-def test_a_capped_step_trains_on_fewer_groups_and_says_so(engine, setting, capsys):
+def test_a_capped_step_trains_on_fewer_groups_and_says_so(setting, capped):
     train, config = setting
-    config = GRPOConfig(**{**config.__dict__, "max_sampling_rounds": 1})
-    drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11)
+    drawn, printed = capped
     assert drawn.sampling_rounds == 1 and 0 < len(drawn.questions) < config.questions_per_step
     assert all(variance_groups(drawn, config.group_size))
-    assert f"found {len(drawn.questions)} of {config.questions_per_step} groups" in capsys.readouterr().out
+    assert f"found {len(drawn.questions)} of {config.questions_per_step} groups" in printed
 
 
-def test_without_dynamic_sampling_every_group_stays(engine, setting):
+def test_without_dynamic_sampling_every_group_stays(setting, plain):
     train, config = setting
-    config = GRPOConfig(**{**config.__dict__, "dynamic_sampling": False})
-    drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11)
-    assert len(drawn.questions) == config.questions_per_step and drawn.dropped_groups == 0
-    assert not all(variance_groups(drawn, config.group_size))
+    assert len(plain.questions) == config.questions_per_step and plain.dropped_groups == 0
+    assert not all(variance_groups(plain, config.group_size))
+
+
+def test_the_logged_rollout_figures_are_every_sampled_group_and_the_kept_ones_apart(setting, dynamic, capped, plain):
+    """On the same first round, a step with dynamic sampling logs under ``rollout/`` what a step without it logs;
+    what it trains on is logged under ``rollout/kept_``."""
+    train, config = setting
+    first_round_only, _ = capped
+    without = SINGLE.mean_metrics(rollout_metrics(plain, replace(config, dynamic_sampling=False)))
+    one_round = SINGLE.mean_metrics(rollout_metrics(first_round_only, replace(config, max_sampling_rounds=1)))
+    print(f"rollout/reward {without['rollout/reward']:.4f} without dynamic sampling, {one_round['rollout/reward']:.4f}"
+          f" with it (kept: {one_round['rollout/kept_reward']:.4f}); zero-variance groups "
+          f"{one_round['rollout/zero_variance_group_fraction']:.4f} (kept: "
+          f"{one_round['rollout/kept_zero_variance_group_fraction']:.4f})")  # fmt: skip
+    assert {name: value for name, value in one_round.items() if "kept" not in name} == without
+    assert without["rollout/zero_variance_group_fraction"] > 0
+    kept_rewards = [odd_length_reward(sample.text, "")["reward"] for sample in first_round_only.samples]
+    assert one_round["rollout/kept_reward"] == pytest.approx(sum(kept_rewards) / len(kept_rewards))
+    assert one_round["rollout/kept_zero_variance_group_fraction"] == 0.0
+
+    # Several rounds: every group sampled in the step, the dropped ones among them, the first round first.
+    first_round = [sample.token_ids for sample in plain.samples]
+    assert [sample.token_ids for sample in dynamic.sampled_samples[: len(first_round)]] == first_round
+    logged = SINGLE.mean_metrics(rollout_metrics(dynamic, config))
+    rewards = [odd_length_reward(sample.text, "")["reward"] for sample in dynamic.sampled_samples]
+    assert logged["rollout/reward"] == pytest.approx(sum(rewards) / len(rewards))
+    groups = len(dynamic.sampled_samples) // config.group_size
+    assert logged["rollout/zero_variance_group_fraction"] == pytest.approx(dynamic.dropped_groups / groups)

@@ -7,7 +7,10 @@ import torch
 
 from reasonrl.batching import sequence_lengths
 from reasonrl.config import GRPOConfig
+from reasonrl.data import GSM8KExample
+from reasonrl.distributed import SINGLE, Mean
 from reasonrl.grpo import (
+    DrawnRollouts,
     NonFiniteError,
     NonFiniteGuard,
     RolloutBatch,
@@ -15,8 +18,11 @@ from reasonrl.grpo import (
     accumulate_gradients,
     compute_old_log_probs,
     load_checkpoint,
+    rollout_metrics,
     save_checkpoint,
 )
+from reasonrl.prompts import REWARD_FNS
+from reasonrl.rollout import Sample
 from reasonrl.sft import BestCheckpoint
 from reasonrl.tokenization import batch_from_token_ids
 
@@ -173,3 +179,50 @@ def test_the_guard_state_survives_a_checkpoint(tiny_model, tmp_path):
     resumed = NonFiniteGuard(2, restored.skipped_steps, restored.consecutive_nonfinite)
     with pytest.raises(NonFiniteError, match="in 3 optimizer steps in a row"):
         resumed.allows(2, {"loss": math.nan})
+
+
+def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as_sums_and_counts(monkeypatch):
+    """Three groups of two over two rounds of dynamic sampling, one dropped (both answers wrong): ``rollout/``
+    describes all six samples, as a run without dynamic sampling would, ``rollout/kept_`` the four trained on."""
+
+    def exact_match(text: str, truth: str) -> dict[str, float]:
+        return dict.fromkeys(("reward", "format_reward", "answer_reward"), float(text == truth))
+
+    monkeypatch.setitem(REWARD_FNS, "r1_zero", exact_match)
+    first, second, third = (GSM8KExample(f"q{n}", "", str(n)) for n in (1, 2, 3))
+
+    def sample(text: str, length: int, finish: str = "stop_string") -> Sample:
+        return Sample(text, list(range(length)), None, [0], finish)
+
+    groups = {
+        "1": [sample("1", 3), sample("x", 5)],
+        "2": [sample("y", 4), sample("z", 6, "length")],  # no reward variance: dropped
+        "3": [sample("3", 2), sample("w", 7)],  # the second round's
+    }
+    drawn = DrawnRollouts(
+        [first, third], ["p1", "p3"], groups["1"] + groups["3"],
+        sampled_questions=[first, second, third], sampled_samples=groups["1"] + groups["2"] + groups["3"],
+        sampling_rounds=2, dropped_groups=1,
+    )  # fmt: skip
+    config = GRPOConfig(rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
+    assert rollout_metrics(drawn, config)["rollout/response_length_correct"] == Mean(5.0, 2)  # a sum and a count
+    sampled = SINGLE.mean_metrics(rollout_metrics(drawn, config))
+    assert sampled == {
+        "rollout/reward": 2 / 6, "rollout/format_reward": 2 / 6, "rollout/answer_reward": 2 / 6,
+        "rollout/zero_variance_group_fraction": 1 / 3, "rollout/response_length": 27 / 6,
+        "rollout/response_length_correct": 2.5, "rollout/response_length_incorrect": 5.5,
+        "rollout/truncated_fraction": 1 / 6,
+    }  # fmt: skip
+    dynamic = GRPOConfig(**{**config.__dict__, "dynamic_sampling": True})
+    logged = SINGLE.mean_metrics(rollout_metrics(drawn, dynamic))
+    assert {name: value for name, value in logged.items() if "kept" not in name} == sampled
+    assert {name: value for name, value in logged.items() if "kept" in name} == {
+        "rollout/kept_reward": 0.5, "rollout/kept_format_reward": 0.5, "rollout/kept_answer_reward": 0.5,
+        "rollout/kept_zero_variance_group_fraction": 0.0, "rollout/kept_response_length": 17 / 4,
+        "rollout/kept_response_length_correct": 2.5, "rollout/kept_response_length_incorrect": 6.0,
+        "rollout/kept_truncated_fraction": 0.0,
+    }  # fmt: skip
+    # A mean over nothing (no correct answer among the dropped group's) is left out, not logged as 0.
+    dropped = DrawnRollouts([second], ["p2"], groups["2"], sampled_questions=[second], sampled_samples=groups["2"])
+    logged = SINGLE.mean_metrics(rollout_metrics(dropped, config))
+    assert "rollout/response_length_correct" not in logged and logged["rollout/response_length_incorrect"] == 5.0

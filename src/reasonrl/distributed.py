@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,19 @@ if TYPE_CHECKING:
     from reasonrl.config import DistributedConfig
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Mean:
+    """A mean kept as its sum and count, so that ranks add both before dividing (:meth:`Ranks.mean_metrics`)."""
+
+    total: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Mean:
+        values = list(values)
+        return cls(float(sum(values)), len(values))
 
 
 @dataclass(frozen=True)
@@ -103,16 +116,18 @@ class Ranks:
         if self.distributed:
             torch.distributed.barrier()
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Each metric averaged over the ranks that report it (a rank may have no correct answer to measure)."""
-        if not self.distributed:
-            return metrics
-        reported = self.gather([metrics])
-        names = dict.fromkeys(name for part in reported for name in part)
-        return {
-            name: sum(part[name] for part in reported if name in part) / sum(name in part for part in reported)
-            for name in names
-        }
+    def mean_metrics(self, metrics: dict[str, Mean]) -> dict[str, float]:
+        """Each metric's mean over every rank's items: sums and counts are added over the ranks, then divided, so a
+        mean whose count differs per rank (the length of correct answers) is the one a single process computes over
+        the union, whatever the world size. Every rank passes the same names; a metric with no item on any rank
+        (count 0) is left out. Ranks that share their items (a tensor-parallel group) add them as often each, which
+        leaves every mean as it is."""
+        names = sorted(metrics)
+        sums = torch.tensor([[metrics[name].total, metrics[name].count] for name in names], dtype=torch.float64)
+        if self.distributed:
+            sums = sums.to(self._device())
+            torch.distributed.all_reduce(sums)
+        return {name: total / count for name, (total, count) in zip(names, sums.tolist(), strict=True) if count}
 
     def _device(self) -> torch.device:
         # NCCL reduces CUDA tensors only; gloo, CPU ones.

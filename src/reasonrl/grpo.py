@@ -29,6 +29,7 @@ from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim
 from reasonrl.data import examples_digest
 from reasonrl.distributed import (
     SINGLE,
+    Mean,
     NullLive,
     Ranks,
     as_scorer,
@@ -135,6 +136,10 @@ class DrawnRollouts:
     questions: list[GSM8KExample]
     prompts: list[str]
     samples: list[Sample]
+    sampled_questions: list[GSM8KExample]
+    sampled_samples: list[Sample]
+    """Every group the step sampled, kept or dropped, in every round (the trained ones without dynamic sampling):
+    what the step's rollout metrics describe."""
     sampling_rounds: int = 1
     dropped_groups: int = 0
 
@@ -162,15 +167,17 @@ def draw_rollouts(
     questions = ranks.share(random.Random(step_seed).sample(train, wanted))
     sampling_seed = step_seed * ranks.data_parallel_size + ranks.data_parallel_rank
     prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
-    drawn = DrawnRollouts(questions, prompts, samples)
+    drawn = DrawnRollouts(questions, prompts, samples, sampled_questions=questions, sampled_samples=samples)
     if not config.dynamic_sampling:
         return drawn
     reward_fn, group = REWARD_FNS[config.prompt], config.group_size
-    kept = DrawnRollouts([], [], [], sampling_rounds=0)
+    kept = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[], sampling_rounds=0)
     used = set()
     while True:
         kept.sampling_rounds += 1
         used.update(id(question) for question in questions)
+        kept.sampled_questions.extend(questions)
+        kept.sampled_samples.extend(samples)
         for index, (question, prompt) in enumerate(zip(questions, prompts, strict=True)):
             samples_of_question = samples[index * group : (index + 1) * group]
             rewards = {reward_fn(sample.text, question.answer)["reward"] for sample in samples_of_question}
@@ -193,7 +200,7 @@ def draw_rollouts(
             f"{kept.sampling_rounds} rounds (grpo.max_sampling_rounds){fallback}"
         )
     if not kept.questions:
-        return dataclasses.replace(drawn, sampling_rounds=kept.sampling_rounds, dropped_groups=kept.dropped_groups)
+        return dataclasses.replace(kept, questions=drawn.questions, prompts=drawn.prompts, samples=drawn.samples)
     return kept
 
 
@@ -235,23 +242,40 @@ def score_rollouts(
     )
 
 
-def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
-    lengths = batch.response_lengths
-    correct = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r == 1.0]
-    incorrect = [length for length, r in zip(lengths, batch.raw_rewards.tolist(), strict=True) if r != 1.0]
-    metrics = {
-        "rollout/reward": batch.reward_metadata["reward_mean"],
-        "rollout/format_reward": batch.reward_metadata["format_reward_mean"],
-        "rollout/answer_reward": batch.reward_metadata["answer_reward_mean"],
-        "rollout/zero_variance_group_fraction": batch.reward_metadata["zero_variance_group_fraction"],
-        "rollout/response_length": sum(lengths) / len(lengths),
-        "rollout/truncated_fraction": batch.truncated.float().mean().item(),
-    }
-    if correct:
-        metrics["rollout/response_length_correct"] = sum(correct) / len(correct)
-    if incorrect:
-        metrics["rollout/response_length_incorrect"] = sum(incorrect) / len(incorrect)
+def rollout_metrics(drawn: DrawnRollouts, config: GRPOConfig) -> dict[str, Mean]:
+    """What a step logs of its rollouts: every group it sampled under ``rollout/`` (with dynamic sampling the dropped
+    ones and every round too, so the figures are those a run without it logs), and with dynamic sampling the groups
+    kept to train on, apart, under ``rollout/kept_``. Sums and counts: :meth:`Ranks.mean_metrics` divides them."""
+    metrics = sample_metrics(drawn.sampled_questions, drawn.sampled_samples, config, "rollout/")
+    if config.dynamic_sampling:
+        metrics |= sample_metrics(drawn.questions, drawn.samples, config, "rollout/kept_")
     return metrics
+
+
+def sample_metrics(
+    questions: list[GSM8KExample], samples: list[Sample], config: GRPOConfig, prefix: str
+) -> dict[str, Mean]:
+    """Rewards, the fraction of groups without reward variance, response lengths in tokens (all, correct, incorrect)
+    and the truncated fraction of ``group_size`` samples per question, group after group."""
+    reward_fn, group = REWARD_FNS[config.prompt], config.group_size
+    answers = [question.answer for question in questions for _ in range(group)]
+    scores = [reward_fn(sample.text, answer) for sample, answer in zip(samples, answers, strict=True)]
+    rewards = [score["reward"] for score in scores]
+    correct = [sample.length for sample, reward in zip(samples, rewards, strict=True) if reward == 1.0]
+    incorrect = [sample.length for sample, reward in zip(samples, rewards, strict=True) if reward != 1.0]
+    metrics = {
+        "reward": Mean.of(rewards),
+        "format_reward": Mean.of(score["format_reward"] for score in scores),
+        "answer_reward": Mean.of(score["answer_reward"] for score in scores),
+        "zero_variance_group_fraction": Mean.of(
+            float(len(set(rewards[start : start + group])) == 1) for start in range(0, len(rewards), group)
+        ),
+        "response_length": Mean.of(sample.length for sample in samples),
+        "response_length_correct": Mean.of(correct),
+        "response_length_incorrect": Mean.of(incorrect),
+        "truncated_fraction": Mean.of(float(sample.finish == "length") for sample in samples),
+    }
+    return {prefix + name: value for name, value in metrics.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------- training
@@ -673,6 +697,11 @@ def run_grpo(
 
             # Scoring: rewards, group-normalised advantages, training tensors.
             batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+            # The step's rollout figures over every rank's samples, logged with each of its optimizer steps.
+            rollout = ranks.mean_metrics(rollout_metrics(drawn, config))
+            rollout["rollout/sampling_rounds"] = drawn.sampling_rounds
+            if config.dynamic_sampling:
+                rollout["rollout/dropped_groups"] = drawn.dropped_groups
             scored = time.perf_counter()
 
             # Old and reference log-probs, once per rollout batch, never differentiated.
@@ -709,10 +738,7 @@ def run_grpo(
                     metrics["train/zero_signal_steps"] = state.zero_signal_steps
                     state.optimizer_steps += 1
                     live.step = state.optimizer_steps
-                    sampling = {"rollout/sampling_rounds": drawn.sampling_rounds}
-                    if config.dynamic_sampling:
-                        sampling["rollout/dropped_groups"] = drawn.dropped_groups
-                    for name, value in (metrics | ranks.mean_metrics(rollout_metrics(batch)) | sampling).items():
+                    for name, value in (metrics | rollout).items():
                         live.log_metric(name, value)
             trained = time.perf_counter()
 
@@ -728,7 +754,7 @@ def run_grpo(
                 live.log_metric(name, value)
             live.log_metric("grpo_step", state.step)
             live.sync()
-            progress.set_postfix(reward=f"{batch.reward_metadata['reward_mean']:.3f}")
+            progress.set_postfix(reward=f"{rollout['rollout/reward']:.3f}")
             if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
                 save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
 
