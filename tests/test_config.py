@@ -51,6 +51,31 @@ def test_repository_params_are_valid_full_scale(params_file):
         ({"grpo": {"cliprange_high": 0.28}}, "grpo.cliprange_high: only grpo_clip clips"),
         ({"grpo": {"kl_coef": -0.1}}, "grpo.kl_coef: must be ≥ 0"),
         ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3'\]"),
+        # Issue 20: params that used to fail late, in vLLM or in the middle of a stage, or never.
+        ({"eval": {"stop": ["</answer>", ""]}}, r"eval.stop\[1\]: must be a non-empty string"),
+        ({"eval": {"temperature": float("inf")}}, "eval.temperature: must be a finite number, got inf"),
+        ({"eval": {"top_p": float("nan")}}, "eval.top_p: must be a finite number, got nan"),
+        ({"sft": {"learning_rate": float("inf")}}, "sft.learning_rate: must be a finite number, got inf"),
+        ({"grpo": {"learning_rate": float("inf")}}, "grpo.learning_rate: must be a finite number, got inf"),
+        ({"grpo": {"kl_coef": float("inf")}}, "grpo.kl_coef: must be a finite number, got inf"),
+        ({"grpo": {"betas": [0.9, float("nan")]}}, r"grpo.betas\[1\]: must be a finite number, got nan"),
+        ({"grpo": {"max_grad_norm": 10**400}}, "grpo.max_grad_norm: must be a finite number"),
+        ({"rollout": {"max_model_len": 16}}, r"rollout.max_model_len: \(16\) must exceed eval.max_tokens \(1024\)"),
+        (
+            {"rollout": {"max_model_len": 1200}, "grpo": {"max_tokens": 1200}},
+            r"rollout.max_model_len: \(1200\) must exceed grpo.max_tokens \(1200\)",
+        ),
+        (
+            {"model": {"name": "tiny"}, "rollout": {"max_model_len": 4096}},
+            r"rollout.max_model_len: \(4096\) must be ≤ model.tiny.max_position_embeddings \(2048\)",
+        ),
+        ({"model": {"tiny": {"vocab_size": 1}}}, "model.tiny.vocab_size: must be ≥ 257"),
+        ({"model": {"tiny": {"num_layers": 0}}}, "model.tiny.num_layers: must be ≥ 1, got 0"),
+        ({"model": {"tiny": {"num_heads": 0}}}, "model.tiny.num_heads: must be ≥ 1, got 0"),
+        (
+            {"data": {"name": "arithmetic", "val_size": 5000}},
+            r"data.val_size: must be less than data.arithmetic.train_size \(5000\)",
+        ),
     ],
 )
 def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override, message):

@@ -45,6 +45,9 @@ GOOD = json.dumps({"question": "q?", "answer": "r\n#### 5"})
         (json.dumps({"question": "", "answer": "#### 5"}), "'question' must be a non-empty string"),
         (json.dumps(["q", "a"]), "expected a JSON object"),
         ("", "invalid JSON"),
+        # Issue 20: ground truths no response could ever match.
+        (json.dumps({"question": "q", "answer": "r\n#### twelve"}), "'twelve', is not one number the grader can"),
+        (json.dumps({"question": "q", "answer": "r\n#### 1/0"}), "'1/0', is not one number the grader can"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, message):

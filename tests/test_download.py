@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from reasonrl.config import ConfigError
 from reasonrl.data import DataFormatError, download_gsm8k, load_gsm8k, resolve_source, split_train_val
+from reasonrl.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL = {
@@ -35,7 +37,7 @@ def test_split_is_deterministic_and_seeded():
     lines = [str(i) for i in range(100)]
     assert split_train_val(lines, 10, seed=1) == split_train_val(lines, 10, seed=1)
     assert split_train_val(lines, 10, seed=1)[1] != split_train_val(lines, 10, seed=2)[1]
-    with pytest.raises(ValueError, match="data.val_size=100 leaves no training data"):
+    with pytest.raises(ConfigError, match="^data.val_size: must be less than the 100 train examples"):
         split_train_val(lines, 100, seed=0)
 
 
@@ -63,6 +65,15 @@ def test_malformed_line_is_refused_with_file_and_line_and_leaves_nothing(tmp_pat
     out = tmp_path / "out" / "gsm8k"
     with pytest.raises(DataFormatError, match=r"mirror/train.jsonl:3: answer has no '####'"):
         download_gsm8k(str(tmp_path / "mirror"), hashes, 1, 0, out)
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_val_size_of_the_whole_train_file_is_a_params_error_and_leaves_nothing(tmp_path):
+    good = json.dumps({"question": "q", "answer": "#### 1"})
+    hashes = write_mirror(tmp_path / "mirror", [good] * 3)
+    out = tmp_path / "out" / "gsm8k"
+    with pytest.raises(UserError, match=r"^data.val_size: must be less than the 3 train examples .*, got 3$"):
+        download_gsm8k(str(tmp_path / "mirror"), hashes, 3, 0, out)
     assert not out.parent.exists() or not any(out.parent.iterdir())
 
 

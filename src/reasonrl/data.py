@@ -83,6 +83,14 @@ def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> G
         reasoning, answer = split_answer(record["answer"])
     except ValueError as error:
         raise DataFormatError(f"{where}: answer has {error}") from None
+    # Imported here: the grader reads answers with this module's split_answer, so it imports this module.
+    from reasonrl.grading import ground_truth_value
+
+    if ground_truth_value(answer) is None:
+        raise DataFormatError(
+            f"{where}: the final answer after '{ANSWER_DELIMITER}', {answer!r}, is not one number the grader can "
+            f"compare (such as 72, -3, 1,000 or 2.5): no response could ever be rewarded for it"
+        )
     return GSM8KExample(question=record["question"].strip(), reasoning=reasoning, answer=answer)
 
 
@@ -149,7 +157,13 @@ def verify_sha256(content: bytes, expected: str, location: str, param: str) -> N
 def split_train_val(lines: list[str], val_size: int, seed: int) -> tuple[list[str], list[str]]:
     """Shuffle indices with ``seed``; the first ``val_size`` go to val. Both keep the file's order."""
     if val_size >= len(lines):
-        raise ValueError(f"data.val_size={val_size} leaves no training data ({len(lines)} train examples)")
+        # Imported here: the params' module imports the prompts, whose reward functions import this module.
+        from reasonrl.config import ConfigError
+
+        raise ConfigError(
+            f"data.val_size: must be less than the {len(lines)} train examples to leave some to train on, got "
+            f"{val_size}"
+        )
     order = list(range(len(lines)))
     random.Random(seed).shuffle(order)
     val_indices = set(order[:val_size])

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from reasonrl.atomic import atomic_directory
 from reasonrl.config import Precision, TinyModelSpec
@@ -19,6 +22,8 @@ from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 TINY = "tiny"
 REQUIRED_FILES = ("config.json",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+NOT_COPIED = (".git", ".cache")
+"""Version control and the hub's download metadata: not part of a local model directory's copy."""
 
 
 class ModelSourceError(UserError, ValueError):
@@ -26,7 +31,12 @@ class ModelSourceError(UserError, ValueError):
 
 
 def validate_model_dir(path: Path) -> None:
-    """A directory ``from_pretrained`` and vLLM can load: a config, weights and a tokenizer."""
+    """A directory ``from_pretrained`` and vLLM can load: a config, weights and a tokenizer, in regular files.
+
+    ``config.json`` and the safetensors headers are parsed here: a broken one would otherwise stop the first stage
+    that loads the model, 10-20 s into the engine's start. A link is refused: copying it would copy whatever it
+    points at (any file on the machine) into ``models/base`` and the DVC cache."""
+    _refuse_links(path)
     missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         missing.append("*.safetensors (weights)")
@@ -34,6 +44,48 @@ def validate_model_dir(path: Path) -> None:
         missing.append("tokenizer.json (tokenizer)")
     if missing:
         raise ModelSourceError(f"{path}: not a Hugging Face model directory, missing {', '.join(missing)}")
+    _check_config(path / "config.json")
+    for weights in sorted(path.glob("*.safetensors")):
+        _check_safetensors(weights)
+
+
+def _refuse_links(path: Path) -> None:
+    """The directory and everything in it (but :data:`NOT_COPIED`) are real directories and regular files."""
+    if path.is_symlink():
+        raise ModelSourceError(
+            f"{path}: a symbolic link (to {os.readlink(path)}); set model.name to the directory it points to"
+        )
+    for root, directories, files in os.walk(path):
+        directories[:] = [name for name in directories if name not in NOT_COPIED]
+        for name in directories + files:
+            entry = Path(root) / name
+            if entry.is_symlink():
+                raise ModelSourceError(
+                    f"{entry}: a symbolic link (to {os.readlink(entry)}); a model directory must hold the files "
+                    f"themselves (copy it with cp -rL)"
+                )
+            if not entry.is_dir() and not entry.is_file():
+                raise ModelSourceError(f"{entry}: not a regular file")
+
+
+def _check_config(path: Path) -> None:
+    """``config.json`` is a transformers config: a JSON object that names its ``model_type``."""
+    try:
+        config = json.loads(path.read_bytes())
+    except ValueError as error:  # invalid JSON or UTF-8
+        raise ModelSourceError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelSourceError(f"{path}: not a transformers config (a JSON object with a model_type)")
+
+
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file whose header the loaders accept: the library that loads the weights validates it (the
+    header's length within the file, its JSON, every tensor's offsets and size) without reading a weight."""
+    try:
+        with safe_open(path, framework="pt"):
+            pass
+    except SafetensorError as error:
+        raise ModelSourceError(f"{path}: not a valid safetensors file ({error})") from None
 
 
 def policy_dtype(device: torch.device, precision: Precision) -> torch.dtype:
@@ -81,7 +133,7 @@ def prepare_base_model(name: str, tiny_spec: TinyModelSpec, seed: int, train: li
     if local.is_dir():
         validate_model_dir(local)
         with atomic_directory(out_dir) as staging:
-            shutil.copytree(local, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git", ".cache"))
+            shutil.copytree(local, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*NOT_COPIED))
         return f"local directory {local.resolve()}"
     if local.exists() or name.startswith((".", "/", "~")):
         raise ModelSourceError(f"model.name: {name} is not a directory (expected a HF model directory)")
