@@ -1,8 +1,9 @@
 """One rank of the distributed GRPO test (``tests/test_distributed.py`` starts it under ``torch.distributed.run``).
 
 Each rank draws its share of one step's questions from its own engine, trains two optimizer steps on them through
-the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: its questions and samples, the reduced
-gradients of each step, its whole weights afterwards, and the engine's log-probs after a weight load against HF's.
+the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: its questions and samples, the rollout
+metrics as the loop logs them, the reduced gradients of each step, its whole weights afterwards, and the engine's
+log-probs after a weight load against HF's.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY [TP]
 
@@ -28,6 +29,7 @@ from reasonrl.grpo import (
     draw_rollouts,
     make_optimizer,
     optimizer_step,
+    rollout_metrics,
     score_rollouts,
 )
 from reasonrl.logprobs import get_response_log_probs
@@ -39,10 +41,11 @@ from reasonrl.synthetic import arithmetic_lines
 
 STEP_SEED = 5
 # Two passes over the rollout batch, each one optimizer step of all 32 responses: the second is off-policy (old
-# log-probs, clipping). Token-budget microbatches give the ranks different microbatch counts.
+# log-probs, clipping). The sequences are 337 to 354 tokens (the prompt is most of them): a 700-token microbatch holds
+# two only when the longer is at most 350, so the ranks, whose prompts differ, get different microbatch counts.
 CONFIG = GRPOConfig(
     rollout_batch_size=32, group_size=4, train_batch_size=32, gradient_accumulation_steps=1, max_tokens=12,
-    min_tokens=2, loss_type="grpo_clip", epochs_per_rollout_batch=2, microbatch_tokens=96, learning_rate=1e-3,
+    min_tokens=2, loss_type="grpo_clip", epochs_per_rollout_batch=2, microbatch_tokens=700, learning_rate=1e-3,
     old_log_probs_microbatch_tokens=160,
 )  # fmt: skip
 
@@ -71,6 +74,7 @@ def main() -> None:
 
     with engine.serving(policy):
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
+    rollout = ranks.mean_metrics(rollout_metrics(drawn, CONFIG))
     batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
     old_log_probs = compute_old_log_probs(trainer, batch, CONFIG, ranks)
     rows = ranks.rows_to_train(len(batch.responses))
@@ -101,6 +105,7 @@ def main() -> None:
             "questions": [q.question for q in drawn.questions],
             "rows": rows,
             "samples": drawn.samples,
+            "rollout": rollout,
             "gradients": gradients,
             "weights": weights,
             "losses": losses,

