@@ -494,3 +494,53 @@ def test_headline_is_the_first_metric_file_dvc_lists(tmp_path, full_scale_params
     with Repo(str(tmp_path), uninitialized=True) as repo:
         metrics = [out.def_path for out in repo.index.metrics]
     assert metrics[0] == "reports/headline.json" and "reports/baseline/metrics.json" in metrics[1:]
+
+
+# Issue 20: model answers and params in report.md as raw HTML, and backticks breaking out of code spans.
+MARKUP_PAYLOADS = [
+    "<script>alert(1)</script>",
+    "a`b",
+    "```",
+    "x | y",
+    '"<img src=x onerror=alert(1)>"',
+    "[link](javascript:alert(1)) ![pixel](http://example.com/p.png)",
+    "&amp; *em* _em_ ~~gone~~ \\* trailing \\",
+    "r1_zero, a__b_c and _em_",
+    "# heading",
+    "- item",
+    "1. item",
+    "---",
+    "[ref]: http://example.com",
+    "` spaced `` ",
+    "two\nlines",
+]
+
+
+@pytest.mark.parametrize("payload", MARKUP_PAYLOADS)
+def test_markdown_shows_every_text_as_the_html_does(payload):
+    """report.md rendered by a CommonMark renderer (with GFM tables) shows what report.html shows: the text as
+    text, code spans as code, whatever characters the answers and params hold."""
+    import html
+
+    from markdown_it import MarkdownIt  # CommonMark with tables; installed with dvc (through rich)
+
+    from reasonrl.report.document import Heading, Paragraph, Table, code
+
+    blocks = [
+        Heading(2, f"{payload} heading"),
+        Paragraph(payload),
+        Paragraph(f"Model `{payload}` in the old style, then {code(payload)} whole, then {payload}."),
+        Table(["question", payload], [[payload, code(payload)]]),
+    ]
+    page = render_html(blocks, {})
+    body = page[page.index("<body>\n") + len("<body>\n") : page.index("\n</body>")]
+    shown = MarkdownIt("commonmark").enable("table").render(render_markdown(blocks))
+
+    def displayed(fragment: str) -> str:
+        """The HTML as a browser shows it (no blank space at a block's edges), "'" unescaped as markdown-it has it."""
+        fragment = fragment.replace("\n", "").replace("&#x27;", "'")
+        return re.sub(r"(<(?:p|td|th|h2)>)\s+|\s+(</(?:p|td|th|h2)>)", r"\1\2", fragment)
+
+    assert displayed(shown) == displayed(body)
+    assert "<script" not in body and "<img" not in body and "<a " not in body
+    assert f"<code>{html.escape(payload.replace(chr(10), ' '))}</code>" in body  # code() holds it whole
