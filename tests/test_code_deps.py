@@ -3,9 +3,11 @@
 Each stage script's import closure inside ``reasonrl`` (every ``import`` at any depth, function-level ones included;
 ``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, a package with data files
 (the prompt templates) by its whole directory. The import graph has no cycle, and the params schema, the CLI's error
-handling and the ``download`` stage load neither torch, transformers nor vLLM."""
+handling and the ``download`` stage load neither torch, transformers nor vLLM. The closure is
+:mod:`reasonrl.code_deps`'s, which a GRPO checkpoint's fingerprint hashes: an edit to that code, and only to it,
+changes the digest."""
 
-import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,59 +15,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reasonrl.code_deps import (
+    SOURCE,
+    STAGES,
+    code_digest,
+    code_files,
+    import_closure,
+    module_path,
+    runtime_imports,
+    source_file,
+)
 from reasonrl.pipeline import read_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "src"
 HEAVY = ("torch", "transformers", "vllm")
-
-
-def module_path(module: str) -> Path | None:
-    """The file (or, for a package, the directory) that holds ``module``; None outside this package."""
-    path = SOURCE.joinpath(*module.split("."))
-    if path.is_dir():
-        return path
-    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
-
-
-def source_file(module: str) -> Path:
-    path = module_path(module)
-    return path / "__init__.py" if path.is_dir() else path
-
-
-def runtime_imports(file: Path) -> set[str]:
-    """The ``reasonrl`` modules ``file`` imports when it runs (``from a import b`` may name module ``a.b``)."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(file.read_text(encoding="utf-8")))
-    return {name for name in found if name.split(".")[0] == "reasonrl" and module_path(name) is not None}
-
-
-def import_closure(file: Path) -> set[str]:
-    """Every ``reasonrl`` module that running ``file`` imports, parent packages included."""
-    seen: set[str] = set()
-    pending = list(runtime_imports(file))
-    while pending:
-        parts = pending.pop().split(".")
-        for depth in range(1, len(parts) + 1):
-            module = ".".join(parts[:depth])
-            if module not in seen:
-                seen.add(module)
-                pending.extend(runtime_imports(source_file(module)))
-    return seen
 
 
 def required_deps(module: str) -> str:
@@ -102,6 +65,40 @@ def test_a_missing_module_or_prompt_dir_is_found(stages):
     assert uncovered(grpo.deps, script) == []
     without = tuple(d for d in grpo.deps if d not in ("src/reasonrl/config.py", "src/reasonrl/prompts"))
     assert uncovered(without, script) == ["src/reasonrl/config.py", "src/reasonrl/prompts"]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the stage scripts and the package, to edit (the checkout is shared)."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(STAGES, tmp_path / "stages", ignore=ignore)
+    shutil.copytree(SOURCE / "reasonrl", tmp_path / "src/reasonrl", ignore=ignore)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("edited", "counts"),
+    [
+        ("stages/grpo.py", True),
+        ("src/reasonrl/prompts/question_only.prompt", True),  # a template, not a module: read at run time
+        ("src/reasonrl/grading.py", True),  # imported through reasonrl.prompts only
+        ("src/reasonrl/report/__init__.py", False),  # the report stage's, never imported by grpo
+        ("stages/sft.py", False),
+    ],
+)
+def test_the_grpo_code_digest_changes_with_the_code_the_stage_runs_only(tree, edited, counts):
+    script, source = tree / "stages/grpo.py", tree / "src"
+    before = code_digest(script, source)
+    with (tree / edited).open("a", encoding="utf-8") as stream:
+        stream.write("\n# an edit\n")
+    assert (code_digest(script, source) != before) == counts
+    assert (tree / edited in code_files(script, source)) == counts
+
+
+def test_the_code_digest_is_the_same_for_the_same_code_anywhere(tree, tmp_path_factory):
+    copy = tmp_path_factory.mktemp("elsewhere")
+    shutil.copytree(tree, copy, dirs_exist_ok=True)
+    assert code_digest(tree / "stages/grpo.py", tree / "src") == code_digest(copy / "stages/grpo.py", copy / "src")
 
 
 def test_the_package_import_graph_has_no_cycle():

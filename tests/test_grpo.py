@@ -1,15 +1,23 @@
 """GRPO: one step against a hand-computed update, the NaN guard, resume after kill -9, and learning."""
 
+import copy
 import math
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
 
 from reasonrl.batching import sequence_lengths
-from reasonrl.config import GRPOConfig
+from reasonrl.code_deps import SOURCE
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
 from reasonrl.data import GSM8KExample
 from reasonrl.distributed import SINGLE, Mean
+from reasonrl.errors import UserError
 from reasonrl.grpo import (
+    GRPO_STAGE,
     DrawnRollouts,
     NonFiniteError,
     NonFiniteGuard,
@@ -17,7 +25,9 @@ from reasonrl.grpo import (
     TrainingState,
     accumulate_gradients,
     compute_old_log_probs,
+    fingerprint,
     load_checkpoint,
+    resume,
     rollout_metrics,
     save_checkpoint,
 )
@@ -226,3 +236,149 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
     dropped = DrawnRollouts([second], ["p2"], groups["2"], sampled_questions=[second], sampled_samples=groups["2"])
     logged = SINGLE.mean_metrics(rollout_metrics(dropped, config))
     assert "rollout/response_length_correct" not in logged and logged["rollout/response_length_incorrect"] == 5.0
+
+
+class RunsCommand:
+    """A crafted checkpoint's payload: unpickling it calls ``os.system(command)``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def checkpoint_at(policy, directory: Path, step: int) -> Path:
+    """The checkpoint training writes at ``step`` (the older ones in ``directory`` go once it is in place)."""
+    live = directory.parent / "live"
+    live.mkdir(exist_ok=True)
+    optimizer = torch.optim.AdamW(policy.parameters())
+    save_checkpoint(directory, policy, optimizer, TrainingState(step=step), BestCheckpoint(), live, "fingerprint")
+    return directory / f"step-{step:06d}"
+
+
+def test_a_crafted_checkpoint_is_refused_before_anything_in_it_runs(tiny_model, tmp_path):
+    """A ``checkpoint.pt`` that would call ``os.system`` when unpickled, beside the genuine fingerprint: refused in
+    one line naming the file, the command never runs and the policy is left as it was."""
+    checkpoint = checkpoint_at(tiny_model, tmp_path / "checkpoints", 2)
+    marker = tmp_path / "ran"
+    torch.save({"policy": RunsCommand(f"touch {marker}")}, checkpoint / "checkpoint.pt")
+    before = {name: tensor.clone() for name, tensor in tiny_model.state_dict().items()}
+    optimizer = torch.optim.AdamW(tiny_model.parameters())
+    with pytest.raises(UserError) as refused:
+        load_checkpoint(checkpoint, tiny_model, optimizer, BestCheckpoint(), tmp_path / "live")
+    file = checkpoint / "checkpoint.pt"
+    assert str(refused.value) == f"{file} refused: it holds more than tensors (loading it could run code)"
+    assert not marker.exists()
+    assert all(torch.equal(tensor, before[name]) for name, tensor in tiny_model.state_dict().items())
+
+
+@pytest.mark.parametrize("damage", ["truncated tensors", "bad JSON", "crafted pickle"])
+def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_path, capsys, damage):
+    """Step 2's checkpoint and step 4's, damaged: the resume names step 4's file and why in one line, continues from
+    step 2 (its weights) and drops step 4's. Step 2's damaged too: a fresh state and no checkpoint left behind."""
+    policy, directory = copy.deepcopy(tiny_model), tmp_path / "checkpoints"
+    shutil.copytree(checkpoint_at(policy, directory, 2), tmp_path / "kept")
+    at_step_2 = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(1.0)
+    newest = checkpoint_at(policy, directory, 4)
+    shutil.copytree(tmp_path / "kept", directory / "step-000002")  # as a kill before the clean-up leaves it
+    marker = tmp_path / "ran"
+    if damage == "truncated tensors":
+        bad = newest / "checkpoint.pt"
+        os.truncate(bad, 1000)
+    elif damage == "bad JSON":
+        bad = newest / "state.json"
+        bad.write_text('{"fingerprint": "fingerprint", "state": {"step"')
+    else:
+        bad = newest / "checkpoint.pt"
+        torch.save({"policy": RunsCommand(f"touch {marker}")}, bad)
+    capsys.readouterr()
+
+    state = resume(
+        directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
+    )
+    skipped, resumed = capsys.readouterr().out.splitlines()
+    assert skipped.startswith(f"GRPO: {bad} ") and skipped.endswith("; trying the previous checkpoint")
+    assert resumed == f"GRPO: resuming from {directory / 'step-000002'} (step 2)"
+    assert state.step == 2
+    assert all(torch.equal(tensor, at_step_2[name]) for name, tensor in policy.state_dict().items())
+    assert [path.name for path in directory.iterdir()] == ["step-000002"]
+    assert not marker.exists()
+
+    os.truncate(directory / "step-000002/checkpoint.pt", 1000)
+    state = resume(
+        directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
+    )
+    (skipped,) = capsys.readouterr().out.splitlines()
+    assert skipped.startswith(f"GRPO: {directory / 'step-000002/checkpoint.pt'} cannot be read (")
+    assert skipped.endswith("; starting afresh")
+    assert state == TrainingState() and not list(directory.iterdir())
+
+
+def test_a_checkpoint_is_on_disk_whole_before_it_replaces_the_previous_one(tiny_model, tmp_path, monkeypatch):
+    """Every file and directory of the new checkpoint is flushed, then renamed into place, then the directory that
+    names it is flushed, and only then does the previous checkpoint go: a crash at any point leaves one whole."""
+    directory = tmp_path.resolve() / "checkpoints"
+    previous = checkpoint_at(tiny_model, directory, 2)
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(descriptor):
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{descriptor}"))))
+        fsync(descriptor)
+
+    def recording_replace(source, target):
+        events.append(("replace", Path(target), Path(source), previous.exists()))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    newest = checkpoint_at(tiny_model, directory, 4)
+
+    (renamed,) = [index for index, event in enumerate(events) if event[:2] == ("replace", newest)]
+    _, _, staging, previous_still_there = events[renamed]
+    written = {staging / path.relative_to(newest) for path in newest.rglob("*")} | {staging}
+    assert written <= {event[1] for event in events[:renamed] if event[0] == "fsync"}
+    assert ("fsync", directory) in events[renamed + 1 :]
+    assert previous_still_there and not previous.exists()
+
+
+def test_the_fingerprint_covers_the_prompt_templates_the_code_the_libraries_and_the_cpu_threads(tmp_path, monkeypatch):
+    """On a copy of the package: a prompt template edit, a comment in a module the stage imports, another library
+    version and another CPU thread count each change it; an edit to a module the stage never imports does not."""
+    shutil.copytree(SOURCE / "reasonrl", tmp_path / "src/reasonrl", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "stages").mkdir()
+    shutil.copy(GRPO_STAGE, tmp_path / "stages/grpo.py")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    def current(device: str = "cpu") -> str:
+        inputs = GRPOConfig(), EvalConfig(), EngineConfig(), model, [], [], None, device
+        return fingerprint(*inputs, stage=tmp_path / "stages/grpo.py", source=tmp_path / "src")
+
+    def edit(relative: str) -> None:
+        with (tmp_path / relative).open("a", encoding="utf-8") as stream:
+            stream.write("\n# an edit\n")
+
+    seen = [current()]
+    edit("src/reasonrl/prompts/r1_zero.prompt")
+    seen.append(current())
+    edit("src/reasonrl/losses.py")
+    seen.append(current())
+    edit("src/reasonrl/report/__init__.py")
+    assert current() == seen[-1]
+    version = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == "transformers" else version(name))
+    seen.append(current())
+    on_gpu, threads = current("cuda"), torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        seen.append(current())
+        assert current("cuda") == on_gpu  # GPU kernels do not split their sums by CPU thread
+    finally:
+        torch.set_num_threads(threads)
+    assert len(set(seen)) == len(seen)

@@ -1,10 +1,12 @@
-"""GRPO resume: kill -9 mid-run, rerun, and end with exactly the weights of an uninterrupted run; a completed run
-leaves nothing to resume; a checkpoint made from other inputs (model, params, data) is never resumed."""
+"""GRPO resume: kill -9 mid-run, rerun past a newest checkpoint cut short, and end with exactly the weights of an
+uninterrupted run; a completed run leaves nothing to resume; a checkpoint made from other inputs (model, params,
+data) is never resumed."""
 
 import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,19 +56,30 @@ def stage_inputs(tmp_path_factory, tiny_model_dir, full_scale_params):
     params = root / "params.yaml"
     params.write_text(full_scale_params)
     apply_to_file({**load_preset("cpu"), **OVERRIDES}, params)
-    return root, params, data, tiny_model_dir
+    models = root / "models"  # the stage starts from models/<grpo.init_model>
+    models.mkdir()
+    (models / "base").symlink_to(tiny_model_dir)
+    return root, params, data, models
 
 
-def stage_command(params: Path, data: Path, model: Path, out: Path) -> list[str]:
+def stage_command(params: Path, data: Path, models: Path, out: Path) -> list[str]:
     return [
         sys.executable, str(REPO / "stages/grpo.py"), "--params", str(params),
-        "--init", str(model), "--data", str(data),
+        "--models", str(models), "--data", str(data),
         "--out", str(out / "grpo"), "--checkpoints", str(out / "checkpoints"),
         "--metrics", str(out / "metrics.json"), "--live", str(out / "live"),
     ]  # fmt: skip
 
 
+def wait_for(path: Path, deadline: float) -> None:
+    while not path.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
+    """Killed once step 4's checkpoint is in place, with step 2's put back beside it (as a kill between the rename
+    and the clean-up leaves it) and step 4's file cut short (as a crash before it reached the disk): the rerun
+    names the bad file, resumes from step 2 and ends as the uninterrupted run."""
     root, params, data, model = stage_inputs
     uninterrupted, resumed = root / "uninterrupted", root / "resumed"
     subprocess.run(stage_command(params, data, model, uninterrupted), check=True, capture_output=True)
@@ -74,17 +87,22 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     process = subprocess.Popen(
         stage_command(params, data, model, resumed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 300
-    while not list((resumed / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    checkpoints, deadline = resumed / "checkpoints", time.monotonic() + 300
+    wait_for(checkpoints / "step-000002", deadline)
+    shutil.copytree(checkpoints / "step-000002", root / "step-000002")  # before step 4's replaces it
+    wait_for(checkpoints / "step-000004", deadline)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
-    killed_at = sorted(p.name for p in (resumed / "checkpoints").glob("step-*"))
-    assert killed_at and not (resumed / "grpo" / "final").exists()
+    assert (checkpoints / "step-000004").is_dir() and not (resumed / "grpo" / "final").exists()
+    shutil.copytree(root / "step-000002", checkpoints / "step-000002", dirs_exist_ok=True)
+    os.truncate(checkpoints / "step-000004/checkpoint.pt", 1000)
 
     rerun = subprocess.run(stage_command(params, data, model, resumed), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"resuming from {resumed / 'checkpoints' / killed_at[-1]}" in rerun.stdout + rerun.stderr
+    log = rerun.stdout + rerun.stderr
+    assert f"GRPO: {checkpoints / 'step-000004/checkpoint.pt'} cannot be read (" in log
+    assert "; trying the previous checkpoint\n" in log
+    assert f"resuming from {checkpoints / 'step-000002'} (step 2)" in log
 
     for kind in ("final", "best"):
         expected = load_file(uninterrupted / "grpo" / kind / "model.safetensors")
@@ -153,7 +171,7 @@ def test_a_checkpoint_made_from_other_inputs_is_not_resumed(engine, tmp_path, ti
     else:
         train = parse_lines(arithmetic_lines(16, 5, 1, 9), "train")
     log = run_library_grpo(engine, model_dir, train, tmp_path / "run", **kwargs)
-    assert "was made from other inputs (params, init model or data); starting afresh" in log
+    assert "was made from other inputs (params, init model, data, code, prompt templates or library versions)" in log
     assert "resuming" not in log
 
     # the same inputs again do resume the checkpoint the second run left

