@@ -4,14 +4,41 @@ of every layout fitting an 80 GB card with Qwen2.5-Math-1.5B; a plan that does n
 import dataclasses
 
 import pytest
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import AutoModelForCausalLM
 
+from reasonrl import memory
 from reasonrl.config import ConfigError, EngineConfig, GRPOConfig, Params, from_dict, parse_yaml
-from reasonrl.memory import RESERVE_BYTES, ModelShape, check_memory_plan, plan_memory
+from reasonrl.logprobs import _ChunkedLinearLogProbs
+from reasonrl.memory import (
+    GIB,
+    RESERVE_BYTES,
+    ModelShape,
+    check_memory_plan,
+    output_layer_backward_bytes,
+    plan_memory,
+)
 
-# Qwen2.5-Math-1.5B: hidden 1536, 28 layers, MLP 8960, vocabulary 151,936 with tied embeddings, 2 KV heads.
-QWEN_1_5B = ModelShape(parameters=1_543_714_304, hidden_size=1536, num_layers=28, intermediate_size=8960)
+# Qwen2.5-Math-1.5B: hidden 1536, 28 layers, MLP 8960, vocabulary 151,936 with tied embeddings, 12 heads and 2 KV
+# heads of 128. A decoder layer: q and o 1536 × 1536 (q with a bias of 1536), k and v 256 × 1536 (biases of 256),
+# gate, up and down 8960 × 1536 each, two norms of 1536 = 46,797,824 parameters.
+QWEN_1_5B = ModelShape(
+    parameters=1_543_714_304,
+    hidden_size=1536,
+    num_layers=28,
+    intermediate_size=8960,
+    vocab_size=151_936,
+    layer_parameters=46_797_824,
+)
 CARD_80GB = 85_045_231_616  # what torch reports as an 80 GB H100's total memory (79.2 GiB)
+
+
+def test_the_qwen_shape_adds_up():
+    layer = 2 * (1536 * 1536) + 1536 + 2 * (256 * 1536 + 256) + 3 * 8960 * 1536 + 2 * 1536
+    assert layer == QWEN_1_5B.layer_parameters
+    assert QWEN_1_5B.root_parameters == 151_936 * 1536 + 1536  # the tied embedding and the final norm
+    assert 28 * layer + QWEN_1_5B.root_parameters == QWEN_1_5B.parameters
 
 
 def test_shape_is_read_from_the_directory_without_loading_the_model(tiny_model_dir):
@@ -19,6 +46,9 @@ def test_shape_is_read_from_the_directory_without_loading_the_model(tiny_model_d
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert shape.parameters == sum(p.numel() for p in model.parameters())  # tied weights counted once
     assert (shape.hidden_size, shape.num_layers) == (model.config.hidden_size, model.config.num_hidden_layers)
+    assert shape.vocab_size == model.config.vocab_size
+    assert shape.layer_parameters == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.root_parameters == model.model.embed_tokens.weight.numel() + model.model.norm.weight.numel()
 
 
 def test_a_directory_without_safetensors_is_named(tmp_path):
@@ -84,4 +114,69 @@ def test_fsdp2_splits_the_policy_state_over_its_ranks(full_scale):
     whole, shard = (plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB, shards) for shards in (1, 8))
     for part in ("weights", "gradients", "optimizer"):
         assert getattr(shard, part) == getattr(whole, part) // 8
-    assert shard.activations == whole.activations and shard.engine == whole.engine  # per GPU either way
+    for part in ("activations", "output_layer", "engine"):  # per GPU either way
+        assert getattr(shard, part) == getattr(whole, part)
+
+
+def test_fsdp2_counts_the_gathered_layers_and_whole_autocast_copies(full_scale):
+    """``mixed`` over 8 ranks at 1.5B: autocast's bf16 copy of every decoder layer, cast from the gathered weights
+    and saved for the backward pass, is whole on each rank (2 × 28 × 46,797,824 bytes, not an eighth of it); the
+    root (embedding and final norm, 233,375,232 parameters) stays gathered in fp32 from forward to backward, beside
+    two gathered layers (the one computing, the one prefetched) and one layer's unsharded fp32 gradient."""
+    engine = dataclasses.replace(full_scale.rollout, layout="colocate")
+    whole, shard = (plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB, shards) for shards in (1, 8))
+    assert shard.autocast_weights == whole.autocast_weights == 2 * 28 * 46_797_824 == 2_620_678_144  # 2.44 GiB
+    assert whole.gathered == 0
+    assert shard.gathered == 4 * (233_375_232 + 2 * 46_797_824) + 4 * 46_797_824 == 1_495_074_816  # 1.39 GiB
+    print(f"\nFSDP2 over 8 ranks: {shard.summary()}")
+    assert round(shard.training / GIB, 1) == 38.9
+
+
+def test_ddp_keeps_a_second_copy_of_the_gradients_for_the_whole_run(full_scale):
+    """Its buckets: the loops free ``.grad`` after every step, so gradients are never views into them. At 1.5B in
+    ``mixed``: 4 bytes × 1,543,714,304 = 5.75 GiB on every rank, while training and while the engine generates;
+    torchrun's colocate layout still fits an 80 GB card."""
+    engine = dataclasses.replace(full_scale.rollout, layout="colocate")
+    alone, ranked = (plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB, ddp=ddp) for ddp in (False, True))
+    assert ranked.ddp_buckets == 4 * 1_543_714_304 == 6_174_857_216
+    assert ranked.training - alone.training == ranked.generating - alone.generating == ranked.ddp_buckets
+    print(f"\nDDP rank: {ranked.summary()}")
+    assert (round(ranked.training / GIB, 1), round(ranked.generating / GIB, 1)) == (63.3, 49.8)
+    check_memory_plan(ranked, "grpo", engine)
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("mixed", 1_933_841_408), ("bf16", 1_467_094_016)])
+def test_the_output_layers_backward_buffers_at_qwen_shape(precision, expected):
+    """V × H = 151,936 × 1536 = 233,373,696; a chunk is 128 MiB // (151,936 × 4) = 220 positions, C × V =
+    33,425,920. The float32 weight gradient 4·V·H = 933,494,784; ``mixed`` casts the fp32 weight to bf16 (2·V·H =
+    466,747,392); per chunk the 16-bit gradient beside the 16-bit V × H product (2·C·V + 2·V·H = 533,599,232)
+    outweighs the float32 logits beside two 16-bit [C, V] (8·C·V = 267,407,360)."""
+    assert output_layer_backward_bytes(QWEN_1_5B, precision) == expected  # 1.80 GiB in mixed, 1.37 GiB in bf16
+
+
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+@pytest.mark.parametrize("hidden", [32, 256])  # the chunk's logits (8·C·V) outweigh the V × H product, or not
+def test_the_output_layer_formula_is_the_backward_pass_measured_on_cpu(precision, hidden, monkeypatch):
+    """The chunked output layer's real backward pass, with CPU autocast standing in for CUDA's: its peak beyond
+    what existed before is the formula plus the gradient it hands the decoder ([N, H], which the activation estimate
+    covers) and a few [C, H] and [N] buffers."""
+    vocab, rows, tokens = 4096, 64, 512
+    monkeypatch.setattr(memory, "CHUNK_LOGITS_BYTES", rows * vocab * 4)  # chunks of `rows` positions
+    dtype = torch.float32 if precision == "mixed" else torch.bfloat16
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, hidden, generator=generator, dtype=dtype).requires_grad_()  # [V, H]
+    states = torch.randn(tokens, hidden, generator=generator, dtype=dtype).requires_grad_()  # [N, H]
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
+        log_probs, _ = _ChunkedLinearLogProbs.apply(states, weight, None, labels, rows, False)
+    loss = log_probs.sum()
+    tracker = MemTracker()
+    tracker.track_external(weight, states, loss)
+    with tracker:
+        before = tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+        loss.backward()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] - before
+    shape = dataclasses.replace(QWEN_1_5B, vocab_size=vocab, hidden_size=hidden)
+    planned = output_layer_backward_bytes(shape, precision) + states.numel() * states.element_size()
+    print(f"\n{precision}, H = {hidden}: planned {planned:,} bytes, measured peak {peak:,}")
+    assert planned <= peak <= planned + 4 * rows * hidden + 16 * tokens

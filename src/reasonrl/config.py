@@ -176,6 +176,10 @@ class EngineConfig:
     prompt plus ``max_tokens`` for no response to be cut short."""
     engine_device: str = "cuda:1"
     """``split``: the GPU the engine owns (the policy lives on cuda:0). Ignored by the other layouts."""
+    deterministic: bool = False
+    """Every stage's PyTorch (policy and engine, one process) on deterministic kernels:
+    ``torch.use_deterministic_algorithms(True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``. CPU runs repeat without
+    it; on CUDA it is slower, and an operation without a deterministic kernel stops the stage (README)."""
 
     @property
     def engine_memory_fraction(self) -> float:
@@ -201,6 +205,8 @@ class EngineConfig:
             )
         if not isinstance(self.enable_sleep, bool):
             raise ValueError(f"EngineConfig.enable_sleep must be true or false; got {self.enable_sleep!r}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"EngineConfig.deterministic must be true or false; got {self.deterministic!r}")
         if not is_int(self.cpu_kv_cache_gib) or self.cpu_kv_cache_gib < 1:
             raise ValueError(
                 f"EngineConfig.cpu_kv_cache_gib must be a whole number of GiB >= 1; got {self.cpu_kv_cache_gib!r}"

