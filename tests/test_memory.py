@@ -86,6 +86,21 @@ def test_the_committed_defaults_fit_an_80gb_card_in_every_layout(full_scale, lay
     check_memory_plan(plan, section, engine)
 
 
+def test_the_figures_of_the_readmes_memory_table(full_scale):
+    split = plan_memory(QWEN_1_5B, full_scale.grpo, full_scale.rollout, CARD_80GB)
+    engine = dataclasses.replace(full_scale.rollout, layout="colocate")
+    colocate = plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB)
+    gib = [round(size / GIB, 1) for size in (split.training, split.generating, colocate.training, colocate.generating)]
+    assert gib == [57.6, 20.3, 57.6, 44.0]
+    parts = [split.weights, split.gradients, split.optimizer, split.activations + split.autocast_weights]
+    assert [round(size / GIB, 1) for size in [*parts, split.output_layer]] == [5.8, 5.8, 11.5, 29.8, 1.8]
+    greedy = dataclasses.replace(engine, gpu_memory_utilization=0.85)
+    plan = plan_memory(QWEN_1_5B, full_scale.grpo, greedy, CARD_80GB)
+    assert round(plan.generating / GIB, 1) == 87.6
+    with pytest.raises(ConfigError, match="at most 0.74 fits"):
+        check_memory_plan(plan, "grpo", greedy)
+
+
 def test_an_engine_share_that_leaves_the_policy_no_room_names_the_share(full_scale):
     engine = dataclasses.replace(full_scale.rollout, layout="colocate", gpu_memory_utilization=0.85)
     plan = plan_memory(QWEN_1_5B, full_scale.grpo, engine, CARD_80GB)
