@@ -14,7 +14,7 @@ from reasonrl.sft import save_policy, start_training
 
 def main() -> None:
     parser = stage_parser(__doc__)
-    parser.add_argument("--init", required=True, help="the model the rounds start from (models/${ei.init_model})")
+    parser.add_argument("--models", required=True, help="the model directory: the rounds start from its ei.init_model")
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output model directory (best round)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
@@ -23,7 +23,7 @@ def main() -> None:
     started = time.perf_counter()
     params = load_params(args.params)
     config = params.ei
-    start = args.init
+    start = Path(args.models) / config.init_model  # read here, not templated into the command: no shell sees it
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 

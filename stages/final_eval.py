@@ -1,5 +1,5 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
-(and reward function) it was trained with: ``--prompt NAME=PROMPT``, r1_zero where none is given."""
+(and reward function) it was trained with: ``grpo.prompt`` for the model named grpo, r1_zero for the others."""
 
 from pathlib import Path
 
@@ -12,7 +12,6 @@ from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
-from reasonrl.prompts import PROMPT_NAMES
 from reasonrl.rollout import RolloutEngine
 
 
@@ -35,24 +34,17 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
     return models
 
 
-def parse_prompts(specs: list[str], models: dict[str, Path]) -> dict[str, str]:
-    """The prompt of each model: ``name=prompt`` pairs for some of ``models``; r1_zero for the rest."""
-    prompts = dict.fromkeys(models, "r1_zero")
-    for spec in specs:
-        name, sep, prompt = spec.partition("=")
-        if not sep or name not in models:
-            raise ConfigError(f"--prompt {spec!r}: expected NAME=PROMPT with NAME one of {list(models)}")
-        if prompt not in PROMPT_NAMES:
-            raise ConfigError(f"--prompt {spec!r}: unknown prompt {prompt!r}; choose from {list(PROMPT_NAMES)}")
-        prompts[name] = prompt
-    return prompts
+def training_prompts(models: dict[str, Path], grpo_prompt: str) -> dict[str, str]:
+    """The prompt of each model: ``grpo_prompt`` (``grpo.prompt``, validated by the params loader: it is read from
+    params.yaml, never templated into the command, where a shell would run it) for grpo; SFT and expert iteration
+    train on r1_zero, and base is the model they start from."""
+    return {name: grpo_prompt if name == "grpo" else "r1_zero" for name in models}
 
 
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with test.jsonl")
     parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
-    parser.add_argument("--prompt", action="append", default=[], help="NAME=PROMPT: the prompt NAME trained with")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
     parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
     parser.add_argument(
@@ -61,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     models = parse_models(args.model)
-    prompts = parse_prompts(args.prompt, models)
+    prompts = training_prompts(models, params.grpo.prompt)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.

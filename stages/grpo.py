@@ -1,9 +1,10 @@
 """Stage grpo: GRPO from the base, SFT or EI model; keeps the best (validation) and the final policy. Resumable."""
 
+import contextlib
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json
+from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
@@ -15,7 +16,7 @@ from reasonrl.sft import save_policy, start_training
 
 def main() -> None:
     parser = stage_parser(__doc__)
-    parser.add_argument("--init", required=True, help="the model GRPO starts from (models/${grpo.init_model})")
+    parser.add_argument("--models", required=True, help="the model directory: GRPO starts from its grpo.init_model")
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output directory: best/ and final/ models")
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
@@ -25,43 +26,48 @@ def main() -> None:
     started = time.perf_counter()
     params = load_params(args.params)
     config = params.grpo
-    start = args.init
+    start = Path(args.models) / config.init_model  # read here, not templated into the command: no shell sees it
     train = load_gsm8k(Path(args.data) / "train.jsonl")
     val = load_gsm8k(Path(args.data) / "val.jsonl")
 
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
-    shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
-    engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
-    best = run_grpo(
-        policy,
-        tokenizer,
-        engine,
-        train,
-        val,
-        config,
-        params.eval,
-        open_live=lambda resume: open_live(args.live, resume=resume),
-        live_dir=Path(args.live),
-        checkpoint_dir=Path(args.checkpoints),
-        init_model_dir=start,
-        distributed=params.distributed,
-        ranks=ranks,
-    )
-    final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
-    if not ranks.is_main:
-        return
-    save_policy(policy, tokenizer, Path(args.out) / "final", final)
-    save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
-    atomic_write_json(
-        args.metrics,
-        {
-            "best_val_accuracy": best.accuracy,
-            "best_step": best.step,
-            "trainable_parameters": trainable_parameter_count(policy),
-            "wall_clock_seconds": round(time.perf_counter() - started, 1),
-        },
-    )
-    remove_checkpoints(Path(args.checkpoints))
+    # One run at a time writes the checkpoints, the curves and the outputs: rank 0 holds the lock for the whole run
+    # (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
+    with exclusive_lock(args.checkpoints) if ranks.is_main else contextlib.nullcontext():
+        if ranks.is_main:
+            remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+        shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
+        engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
+        best = run_grpo(
+            policy,
+            tokenizer,
+            engine,
+            train,
+            val,
+            config,
+            params.eval,
+            open_live=lambda resume: open_live(args.live, resume=resume),
+            live_dir=Path(args.live),
+            checkpoint_dir=Path(args.checkpoints),
+            init_model_dir=start,
+            distributed=params.distributed,
+            ranks=ranks,
+        )
+        final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
+        if not ranks.is_main:
+            return
+        save_policy(policy, tokenizer, Path(args.out) / "final", final)
+        save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
+        atomic_write_json(
+            args.metrics,
+            {
+                "best_val_accuracy": best.accuracy,
+                "best_step": best.step,
+                "trainable_parameters": trainable_parameter_count(policy),
+                "wall_clock_seconds": round(time.perf_counter() - started, 1),
+            },
+        )
+        remove_checkpoints(Path(args.checkpoints))
     print(f"grpo: best validation accuracy {best.accuracy:.3f} at step {best.step}")
 
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "stages"))
-from final_eval import parse_models, parse_prompts  # noqa: E402
+from final_eval import parse_models, training_prompts  # noqa: E402
 
 from reasonrl.config import ConfigError  # noqa: E402
 from reasonrl.evaluation import (  # noqa: E402
@@ -55,18 +55,11 @@ def test_models_with_different_vocabularies_are_refused(tiny_model_dir, tmp_path
         parse_models([f"base={tiny_model_dir}", f"grpo={other}"])
 
 
-def test_each_model_gets_its_training_prompt_and_r1_zero_by_default(tiny_model_dir):
-    models = {"base": tiny_model_dir, "grpo": tiny_model_dir}
-    assert parse_prompts(["grpo=question_only"], models) == {"base": "r1_zero", "grpo": "question_only"}
-    assert parse_prompts([], models) == {"base": "r1_zero", "grpo": "r1_zero"}
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"), [("grpo=tagged", "unknown prompt 'tagged'"), ("ppo=r1_zero", "NAME one of"), ("grpo", "NAME")]
-)
-def test_a_bad_prompt_spec_is_an_error_naming_it(tiny_model_dir, spec, message):
-    with pytest.raises(ConfigError, match=f"--prompt '{spec}'.*{message}"):
-        parse_prompts([spec], {"base": tiny_model_dir, "grpo": tiny_model_dir})
+def test_each_model_gets_its_training_prompt(tiny_model_dir):
+    models = dict.fromkeys(["base", "sft", "ei", "grpo"], tiny_model_dir)
+    assert training_prompts(models, "question_only") == {
+        "base": "r1_zero", "sft": "r1_zero", "ei": "r1_zero", "grpo": "question_only"
+    }  # fmt: skip
 
 
 def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):

@@ -1,6 +1,8 @@
 """The real DVC pipeline on the CPU preset, in a temporary git repository holding this working tree."""
 
 import json
+import os
+import stat
 import subprocess
 
 import pytest
@@ -75,7 +77,13 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
 @pytest.mark.slow
 def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
     clone, env = pipeline_repo
+    stale = clone / "models/.sft.0f3a9c1b.tmp"  # what a killed sft stage left beside its output
+    stale.mkdir(parents=True)
     run(["dvc", "repro", "expert_iteration"], clone, env)
+    assert not stale.exists()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE((clone / "models/sft").stat().st_mode) == 0o777 & ~umask  # as mkdir makes it (was 0o700)
     stats = json.loads((clone / "reports/filter_cots/stats.json").read_text())
     assert stats["examples"] == 7473 - 50 and stats["kept"] + sum(stats["dropped"].values()) == stats["examples"]
     sft = json.loads((clone / "reports/sft/metrics.json").read_text())
@@ -102,7 +110,12 @@ def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
 @pytest.mark.slow
 def test_dvc_repro_grpo_then_loss_type_ablation(pipeline_repo):
     clone, env = pipeline_repo
+    checkpoints = clone / "models/grpo_checkpoints"
+    (checkpoints / ".step-000001.0f3a9c1b.tmp").mkdir(parents=True)  # a killed run's half-written checkpoint
     run(["dvc", "repro", "grpo"], clone, env)
+    assert not list(checkpoints.iterdir())  # a completed run leaves neither checkpoints nor temporaries
+    assert (clone / "models/.grpo_checkpoints.lock").is_file()
+    assert "grpo_checkpoints.lock" not in run(["git", "status", "--porcelain", "--untracked-files=all"], clone, env)
     grpo = json.loads((clone / "reports/grpo/metrics.json").read_text())
     assert grpo["best_step"] in (0, 2, 3)
     for kind in ("best", "final"):

@@ -1,7 +1,11 @@
 """Run a stage script on one process, or under torchrun on several: the command dvc.yaml and the Snakefile give a
 stage that can spread over GPUs, with the counts from ``params.yaml`` (``distributed``).
 
-    python -m reasonrl.launch --nproc-per-node N --nnodes M stages/grpo.py --params params.yaml ...
+    python -m reasonrl.launch --params params.yaml stages/grpo.py --params params.yaml ...
+    python -m reasonrl.launch --nproc-per-node N --nnodes M SCRIPT ARGS...
+
+``--params`` reads the counts from the file (``distributed.nproc_per_node``, ``distributed.nnodes``, validated), so
+no value of the file passes through the shell that runs the command (dvc.yaml's way).
 
 - 1 × 1: the script runs in this process (``exec``), exactly as ``python stages/grpo.py ...`` would.
 - N × 1: ``torchrun --standalone --nproc-per-node N``: one node, a rendezvous on a free local port.
@@ -10,16 +14,23 @@ stage that can spread over GPUs, with the counts from ``params.yaml`` (``distrib
   (a batch job on M nodes, as Snakemake's SLURM profile submits it) this command starts itself once per node with
   ``srun --nodes M --ntasks-per-node 1`` and sets ``MASTER_ADDR`` to the allocation's first host; elsewhere, run it on
   every node yourself with the same ``MASTER_ADDR``.
+
+The ranks die with this launcher: torchrun runs in this process, and each rank asks the kernel for SIGTERM when it
+ends, even by SIGKILL (Linux's ``PR_SET_PDEATHSIG``; torchrun alone starts them in sessions of their own, where a
+killed agent leaves them running). A SIGTERM or SIGINT to the launcher reaches the ranks through torchrun, which stops
+them before it exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from reasonrl.config import ConfigError
+from reasonrl.config import ConfigError, load_params
 
 DEFAULT_PORT = "29500"
 
@@ -64,13 +75,41 @@ def torchrun_arguments(nproc_per_node: int, nnodes: int, environ: Mapping[str, s
     ]
 
 
+PR_SET_PDEATHSIG = 1
+"""From ``<linux/prctl.h>``: the signal the kernel sends a process when its parent ends."""
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send this process SIGTERM when ``parent`` ends, however it ends; exit now if it has already
+    (then no signal would come). Only the thread that started this process counts as its parent: torchrun starts
+    the ranks from its main thread, which lives as long as the launcher."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:
+        sys.exit(f"reasonrl.launch: the launcher (PID {parent}) ended before this rank started")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m reasonrl.launch", description=__doc__.splitlines()[0])
-    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (GPUs) per node")
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes")
+    parser.add_argument("--params", help="read the counts from this params file's distributed section")
+    parser.add_argument("--nproc-per-node", type=int, help="processes (GPUs) per node (default 1)")
+    parser.add_argument("--nnodes", type=int, help="nodes (default 1)")
+    # Internal: how torchrun starts each rank (through this module, to tie the rank's life to the launcher's).
+    parser.add_argument("--rank-of", type=int, help=argparse.SUPPRESS)
     parser.add_argument("script", help="the stage script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
+    if args.params is not None:
+        if args.nproc_per_node is not None or args.nnodes is not None:
+            raise ConfigError(
+                f"--params {args.params}: the counts come from its distributed section; drop --nproc-per-node and "
+                f"--nnodes"
+            )
+        distributed = load_params(args.params).distributed
+        args.nproc_per_node, args.nnodes = distributed.nproc_per_node, distributed.nnodes
+    args.nproc_per_node = 1 if args.nproc_per_node is None else args.nproc_per_node
+    args.nnodes = 1 if args.nnodes is None else args.nnodes
     for name in ("nproc_per_node", "nnodes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"distributed.{name}: must be ≥ 1, got {getattr(args, name)}")
@@ -80,6 +119,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.rank_of is not None:  # a rank torchrun started: the command torchrun itself would have run
+        die_with_parent(args.rank_of)
+        os.execv(sys.executable, [sys.executable, "-u", args.script, *args.script_args])
     if args.nproc_per_node * args.nnodes == 1:
         os.execv(sys.executable, [sys.executable, args.script, *args.script_args])
     if args.nnodes > 1 and "SLURM_JOB_ID" in os.environ and NODE_LAUNCHED not in os.environ:
@@ -95,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.execvpe(command[0], command, environ)
     from torch.distributed.run import main as torchrun
 
-    torchrun([*torchrun_arguments(args.nproc_per_node, args.nnodes, os.environ), args.script, *args.script_args])
+    torchrun([*torchrun_arguments(args.nproc_per_node, args.nnodes, os.environ), "--module", "reasonrl.launch",
+              f"--rank-of={os.getpid()}", args.script, *args.script_args])  # fmt: skip
 
 
 if __name__ == "__main__":

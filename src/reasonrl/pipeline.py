@@ -3,7 +3,8 @@
 The Snakefile builds one rule per stage from :func:`read_pipeline`, so both runners execute the same commands on
 the same inputs and outputs and cannot drift apart. Only the subset of DVC's syntax this project uses is read: a
 stage's ``cmd``, ``deps``, ``params``, ``outs`` (with ``persist``) and ``metrics``, and ``${dotted.param}``
-interpolation from ``params.yaml`` (DVC's templating) in any of them.
+interpolation from ``params.yaml`` (DVC's templating) in the paths. A ``cmd`` that interpolates is refused: both runners
+hand the command to a shell, which would run a param's value (``r1_zero; rm -rf ~``) before any stage validates it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ _INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z0-9_.]+)\s*\}")
 
 
 class PipelineError(ValueError):
-    """``dvc.yaml`` uses something this reader does not understand, or names a param ``params.yaml`` lacks."""
+    """``dvc.yaml`` uses something this reader does not understand or allow, or names a param ``params.yaml``
+    lacks."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Sta
         unsupported = set(stage) - {"cmd", "deps", "params", "outs", "metrics"}
         if unsupported:
             raise PipelineError(f"{dvc_yaml}: stage {name} uses {sorted(unsupported)}, which this reader ignores")
+        templated = _INTERPOLATION.search(stage["cmd"])
+        if templated:
+            raise PipelineError(
+                f"{dvc_yaml}: stage {name}'s cmd interpolates {templated.group(0)}, which a shell would run; let the "
+                f"script read it from params.yaml"
+            )
         outs, kept = [], []
         for entry in stage.get("outs", []) + stage.get("metrics", []):
             path, options = _path_and_options(entry)
@@ -81,7 +89,7 @@ def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Sta
             key, _ = _path_and_options(entry)
             declared_params[key] = params if key == "params.yaml" else lookup(params, key)
         stages[name] = Stage(
-            cmd=" ".join(interpolate(stage["cmd"], params).split()),
+            cmd=" ".join(stage["cmd"].split()),
             deps=tuple(interpolate(dep, params) for dep in stage.get("deps", [])),
             outs=tuple(outs),
             kept=tuple(kept),
