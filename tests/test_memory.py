@@ -158,6 +158,11 @@ def test_ddp_keeps_a_second_copy_of_the_gradients_for_the_whole_run(full_scale):
     print(f"\nDDP rank: {ranked.summary()}")
     assert (round(ranked.training / GIB, 1), round(ranked.generating / GIB, 1)) == (63.3, 49.8)
     check_memory_plan(ranked, "grpo", engine)
+    greedy = dataclasses.replace(engine, gpu_memory_utilization=0.85)
+    with pytest.raises(ConfigError) as error:  # each rank has its own engine: no split layout to suggest
+        check_memory_plan(plan_memory(QWEN_1_5B, full_scale.grpo, greedy, CARD_80GB, ddp=True), "grpo", greedy)
+    assert "DDP buckets 5.8 GiB" in str(error.value) and "at most 0.67 fits" in str(error.value)
+    assert "rollout.layout=split" not in str(error.value)
 
 
 @pytest.mark.parametrize(("precision", "expected"), [("mixed", 1_933_841_408), ("bf16", 1_467_094_016)])

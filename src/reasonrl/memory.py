@@ -277,11 +277,12 @@ def check_memory_plan(plan: MemoryPlan, section: str, engine: EngineConfig) -> N
             "DDP buckets": plan.ddp_buckets,
             "reference": plan.reference,
         }
+        # Under torchrun (DDP buckets, FSDP2 gathers) every rank holds its own engine: split is single-process.
+        split = "" if plan.ddp_buckets or plan.gathered else ", or use rollout.layout=split on two GPUs"
         raise ConfigError(
             f"rollout.gpu_memory_utilization: while the engine generates, the policy keeps {_gib(plan.resident)} "
             f"({_listing(resident)}) beside the engine's {engine.engine_memory_fraction:.2f} × {_gib(plan.device)} "
-            f"on cuda:0 ({fits}); lower rollout.gpu_memory_utilization, set {section}.precision=bf16, or use "
-            f"rollout.layout=split on two GPUs"
+            f"on cuda:0 ({fits}); lower rollout.gpu_memory_utilization or set {section}.precision=bf16{split}"
         )
     if plan.training > plan.device:
         advice = f"lower {section}.microbatch_tokens"
