@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from reasonrl.data import DataFormatError, load_gsm8k, parse_record, split_answer, strip_thousands_separators
+from reasonrl.data import DataFormatError, load_gsm8k, parse_record
+from reasonrl.grading import split_answer, strip_thousands_separators
 
 
 def test_split_answer_takes_text_after_last_delimiter_without_thousands_separators():

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from reasonrl.errors import UserError
+from reasonrl.errors import ConfigError
 from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
 
@@ -40,10 +40,6 @@ Precision = Literal["mixed", "bf16"]
 TINY_MIN_VOCAB = 256 + 1
 """The smallest vocabulary of the tiny model's tokenizer (``reasonrl.tiny_model.train_tokenizer``): its byte-level
 alphabet and ``<|endoftext|>``, which a smaller ``vocab_size`` gets anyway."""
-
-
-class ConfigError(UserError, ValueError):
-    """A parameter is missing, unknown, mistyped or out of range; the message names it."""
 
 
 def is_int(value: object) -> bool:

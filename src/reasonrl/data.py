@@ -10,20 +10,17 @@ import hashlib
 import json
 import os
 import random
-import re
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from reasonrl.atomic import atomic_directory
-from reasonrl.errors import UserError
+from reasonrl.errors import ConfigError, UserError
+from reasonrl.grading import ANSWER_DELIMITER, ground_truth_value, split_answer
 
-ANSWER_DELIMITER = "####"
 SPLITS = ("train", "test")
 # The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
 MIRROR_ENV_VAR = "GSM8K_MIRROR"
-# GSM8K writes thousands as "1,000"; a comma elsewhere (a list "3, 4") is not a separator.
-_THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 class DataFormatError(UserError, ValueError):
@@ -45,26 +42,6 @@ def examples_digest(examples: list[GSM8KExample]) -> str:
     return hashlib.sha256(json.dumps([e.to_dict() for e in examples], ensure_ascii=False).encode()).hexdigest()
 
 
-def strip_thousands_separators(text: str) -> str:
-    """``"1,234,567"`` → ``"1234567"``; commas that do not separate thousands are kept."""
-    return _THOUSANDS_SEPARATOR.sub("", text)
-
-
-def split_answer(answer_field: str) -> tuple[str, str]:
-    """Split a GSM8K answer field into (reasoning, final answer).
-
-    The final answer is the text after the last ``####``, stripped, thousands separators removed.
-    Raises ``ValueError`` when there is no ``####`` or nothing after it.
-    """
-    reasoning, delimiter, final = answer_field.rpartition(ANSWER_DELIMITER)
-    if not delimiter:
-        raise ValueError(f"no '{ANSWER_DELIMITER}' before the final answer")
-    final = strip_thousands_separators(final.strip())
-    if not final:
-        raise ValueError(f"nothing after '{ANSWER_DELIMITER}'")
-    return reasoning.strip(), final
-
-
 def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> GSM8KExample:
     """Parse one jsonl line; any defect raises :class:`DataFormatError` naming ``source:line_number``."""
     where = f"{source}:{line_number}"
@@ -83,9 +60,6 @@ def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> G
         reasoning, answer = split_answer(record["answer"])
     except ValueError as error:
         raise DataFormatError(f"{where}: answer has {error}") from None
-    # Imported here: the grader reads answers with this module's split_answer, so it imports this module.
-    from reasonrl.grading import ground_truth_value
-
     if ground_truth_value(answer) is None:
         raise DataFormatError(
             f"{where}: the final answer after '{ANSWER_DELIMITER}', {answer!r}, is not one number the grader can "
@@ -157,9 +131,6 @@ def verify_sha256(content: bytes, expected: str, location: str, param: str) -> N
 def split_train_val(lines: list[str], val_size: int, seed: int) -> tuple[list[str], list[str]]:
     """Shuffle indices with ``seed``; the first ``val_size`` go to val. Both keep the file's order."""
     if val_size >= len(lines):
-        # Imported here: the params' module imports the prompts, whose reward functions import this module.
-        from reasonrl.config import ConfigError
-
         raise ConfigError(
             f"data.val_size: must be less than the {len(lines)} train examples to leave some to train on, got "
             f"{val_size}"

@@ -7,3 +7,7 @@ Each module raises its own subclass; this module imports nothing, so catching th
 
 class UserError(Exception):
     """A problem in what the user gave the pipeline; the message names the file, line or dotted parameter."""
+
+
+class ConfigError(UserError, ValueError):
+    """A parameter is missing, unknown, mistyped or out of range; the message names it."""

@@ -20,7 +20,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from reasonrl.data import ANSWER_DELIMITER, split_answer, strip_thousands_separators
+ANSWER_DELIMITER = "####"
+"""GSM8K's answer field ends with ``#### N``, the final answer."""
+# GSM8K writes thousands as "1,000"; a comma elsewhere (a list "3, 4") is not a separator.
+_THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 THINK_END = "</think>"
 ANSWER_START = "<answer>"
@@ -55,6 +58,26 @@ _BRACE = re.compile(r"[{}]")
 
 # ---------------------------------------------------------------------------------------------------------------
 # Numbers
+
+
+def strip_thousands_separators(text: str) -> str:
+    """``"1,234,567"`` → ``"1234567"``; commas that do not separate thousands are kept."""
+    return _THOUSANDS_SEPARATOR.sub("", text)
+
+
+def split_answer(answer_field: str) -> tuple[str, str]:
+    """Split a GSM8K answer field into (reasoning, final answer).
+
+    The final answer is the text after the last ``####``, stripped, thousands separators removed.
+    Raises ``ValueError`` when there is no ``####`` or nothing after it.
+    """
+    reasoning, delimiter, final = answer_field.rpartition(ANSWER_DELIMITER)
+    if not delimiter:
+        raise ValueError(f"no '{ANSWER_DELIMITER}' before the final answer")
+    final = strip_thousands_separators(final.strip())
+    if not final:
+        raise ValueError(f"nothing after '{ANSWER_DELIMITER}'")
+    return reasoning.strip(), final
 
 
 def parse_number(numeral: str) -> Fraction | None:

@@ -163,7 +163,9 @@ def draw_rollouts(
     With ``dynamic_sampling`` (DAPO, arXiv:2503.14476) a group whose rewards are all equal, which has no advantage
     to learn from, is dropped, and up to ``max_sampling_rounds`` rounds draw further questions (not drawn before in
     this step) until the step has ``questions_per_step`` groups with signal. Short of that at the cap, the step
-    trains on the groups it has, and says so; with none at all, on the first round's (zero advantages).
+    trains on the groups it has, and says so (its last optimizer step at a learning rate scaled by its share of a
+    train batch); with none at all it keeps the first round's groups, whose zero advantages make no update (see
+    :func:`has_learning_signal`).
     Every draw and seed is a function of ``step_seed``: a resumed run replays it.
     """
     wanted = min(config.questions_per_step, len(train))
@@ -197,7 +199,7 @@ def draw_rollouts(
         questions = random.Random(round_seed).sample(pool, min(wanted, len(pool)))
         prompts, samples = sample_rollouts(engine, questions, config, stop, round_seed)
     if len(kept.questions) < wanted:
-        fallback = "" if kept.questions else "; none has reward variance, so it trains on the first round's groups"
+        fallback = "" if kept.questions else "; none has reward variance (no update from its advantages)"
         tqdm.write(
             f"GRPO: dynamic sampling found {len(kept.questions)} of {wanted} groups with reward variance in "
             f"{kept.sampling_rounds} rounds (grpo.max_sampling_rounds){fallback}"
