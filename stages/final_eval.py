@@ -69,12 +69,12 @@ def main() -> None:
     atomic_write_json(args.crosscheck, disagreements)
     atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
     for name, result in results.items():
-        metrics = result.metrics
-        interval = 1.96 * metrics["accuracy_stderr"]
+        metrics, interval = result.metrics, result.metrics["accuracy_interval"]
         print(
-            f"{name} ({metrics['prompt']} prompt): test accuracy {metrics['accuracy']:.3f} ± {interval:.3f} "
-            f"(n={metrics['n']}), format rate {metrics['format_rate']:.3f}, math-verify agrees with the grader on "
-            f"{metrics['grader_agreement']:.3f}"
+            f"{name} ({metrics['prompt']} prompt): test accuracy {metrics['accuracy']:.3f} "
+            f"[{interval['low']:.3f}, {interval['high']:.3f}] ({interval['method']}, n={metrics['n']} answers to "
+            f"{metrics['questions']} questions), format rate {metrics['format_rate']:.3f}, math-verify agrees with the "
+            f"grader on {metrics['grader_agreement']:.3f}"
         )
 
 

@@ -16,12 +16,12 @@ from reasonrl.config import ConfigError  # noqa: E402
 from reasonrl.evaluation import (  # noqa: E402
     EvalResult,
     add_paired_comparisons,
-    mcnemar_p_value,
     paired_comparison,
     pass_at_k,
     summarize,
 )
 from reasonrl.models import ModelSourceError  # noqa: E402
+from reasonrl.statistics import sign_flip_p_value  # noqa: E402
 
 
 def test_models_keep_their_order(tiny_model_dir):
@@ -105,6 +105,11 @@ def test_one_sample_per_question_reports_no_per_question_metrics():
     assert "pass_at_k" not in summarize(records) and "majority_accuracy" not in summarize(records)
 
 
+def mcnemar_p_value(only_first: int, only_second: int) -> float:
+    """McNemar's exact test on one answer per question: the sign-flip test over ±1 differences."""
+    return sign_flip_p_value([1] * only_first + [-1] * only_second)
+
+
 def test_mcnemar_exact_p_value_by_hand():
     assert mcnemar_p_value(0, 0) == 1.0
     assert mcnemar_p_value(5, 0) == pytest.approx(2 / 2**5)  # all 5 discordant pairs one way
@@ -120,9 +125,29 @@ def test_routes_are_paired_with_the_model_they_started_from():
     results = {"base": result([0, 0, 0, 0, 1]), "sft": result([1, 1, 1, 0, 0]), "grpo": result([1, 1, 1, 1, 0])}
     add_paired_comparisons(results, {"sft": "base", "ei": "sft", "grpo": "sft"})
     assert results["sft"].metrics["paired"] == {
-        "reference": "base", "only_this_right": 3, "only_reference_right": 1, "mcnemar_p_value": 0.625,
+        "reference": "base", "only_this_right": 3, "only_reference_right": 1, "questions_this_better": 3,
+        "questions_reference_better": 1, "test": "mcnemar_exact", "p_value": 0.625,
     }  # fmt: skip
     assert results["grpo"].metrics["paired"]["only_this_right"] == 1
     assert "paired" not in results["base"].metrics
     with pytest.raises(ValueError, match="same questions"):
         paired_comparison(results["sft"].records[:3], results["base"].records)
+
+
+def test_several_samples_per_question_are_paired_question_by_question():
+    def records(right_per_question: list[list[int]]) -> list[dict]:
+        return [
+            {"question_index": q, "reward": float(r)} for q, rights in enumerate(right_per_question) for r in rights
+        ]
+
+    this = records([[1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]])
+    reference = records([[0, 0, 0, 0], [0, 1, 0, 1], [1, 0, 1, 0], [0, 0, 0, 0]])
+    paired = paired_comparison(this, reference)
+    # Per question 4 − 0, 3 − 2, 1 − 2 and 0 − 0 right answers: the 2³ sign patterns of (4, 1, −1) sum to ±6, ±4, ±4
+    # and ±2; 6 of the 8 are at least as far from 0 as the observed 4.
+    assert paired == {
+        "only_this_right": 6, "only_reference_right": 2, "questions_this_better": 2, "questions_reference_better": 1,
+        "test": "sign_flip_exact_by_question", "p_value": 6 / 8,
+    }  # fmt: skip
+    # McNemar on the 16 answers as if independent would give 6 against 2 discordant: p = 0.29; per question 0.75.
+    assert mcnemar_p_value(6, 2) == pytest.approx(0.2890625)

@@ -15,7 +15,7 @@ import pytest
 
 import reasonrl.report
 from reasonrl.cli import open_live
-from reasonrl.evaluation import summarize
+from reasonrl.evaluation import paired_comparison, summarize
 from reasonrl.report import ReportInputs, build_report, paired_sentences
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
@@ -28,7 +28,8 @@ from reasonrl.report.inputs import (
     pick_example_files,
     read_params,
 )
-from reasonrl.report.tables import per_question_table, wilson_interval
+from reasonrl.report.tables import per_question_table
+from reasonrl.statistics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -166,9 +167,9 @@ def report_params_file(tmp_path) -> Path:
 
 def test_wilson_interval_hand_checked():
     # p = 0.3, n = 10: centre (0.3 + 1.96²/20) / (1 + 1.96²/10) = 0.3555, half-width 0.2477.
-    assert wilson_interval(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    assert wilson_interval(0.3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)
     # p = 0: the normal interval collapses to a point; Wilson's upper end is z² / (n + z²) = 0.2775.
-    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(0.0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
 
 
 def test_grpo_evaluations_join_accuracy_time_and_grpo_step(reports_dir):
@@ -183,7 +184,7 @@ def test_example_files_first_middle_last(reports_dir):
 
 
 def accuracy_cell(correct: int, n: int) -> str:
-    low, high = wilson_interval(correct, n)
+    low, high = wilson_interval(correct / n, n)
     return f"{100 * correct / n:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
@@ -203,7 +204,8 @@ def test_report_tables_figures_and_html(reports_dir, report_params_file):
             f"| {correct} / {format_only} / {neither} | {' / '.join(lengths)} |"
         )
         assert row in markdown, row
-    assert "Wilson" in markdown
+    assert "Error bars: 95% Wilson score interval over the n graded answers, one per question." in markdown
+    assert "clustered" not in markdown
     accuracy = {name: counts[0] / sum(counts) for name, counts in COUNTS.items()}
     for route, reference in (("sft", "base"), ("ei", "sft"), ("grpo", "sft")):
         points = 100 * (accuracy[route] - accuracy[reference])
@@ -426,16 +428,17 @@ def test_params_read_as_dvc_writes_them(tmp_path):
     }
 
 
-def test_several_samples_per_question_add_a_pass_at_k_table():
-    def sampled(correct_per_question: list[int], samples: int) -> dict:
-        records = [
-            {"question_index": q, "answer": "1" if i < right else "2", "reward": float(i < right),
-             "format_reward": 1.0, "length": 4}
-            for q, right in enumerate(correct_per_question) for i in range(samples)
-        ]  # fmt: skip
-        return summarize(records)
+def sampled(right_per_question: list[int], samples: int = 4) -> list[dict]:
+    """``samples`` well-formed answers per question: the first ``right`` of them "1", right; the rest "2", wrong."""
+    return [
+        {"question_index": q, "answer": "1" if i < right else "2", "reward": float(i < right), "format_reward": 1.0,
+         "length": 4}
+        for q, right in enumerate(right_per_question) for i in range(samples)
+    ]  # fmt: skip
 
-    table = per_question_table({"sft": sampled([0, 1, 4], 4), "grpo": sampled([2, 3, 4], 4)})
+
+def test_several_samples_per_question_add_a_pass_at_k_table():
+    table = per_question_table({"sft": summarize(sampled([0, 1, 4])), "grpo": summarize(sampled([2, 3, 4]))})
     assert table.headers == ["route", "samples per question", "mean accuracy", "pass@1", "pass@2", "pass@4",
                             "majority vote"]  # fmt: skip
     # sft: pass@2 of 0, 1 and 4 right of 4 is (0 + 1/2 + 1) / 3; majority: wrong, wrong ("2" outvotes "1"), right
@@ -449,9 +452,42 @@ def test_paired_comparisons_are_reported_per_route():
     final = {
         "base": summarize(graded(0, 1, 1)),
         "sft": {"paired": {"reference": "base", "only_this_right": 41, "only_reference_right": 12,
-                           "mcnemar_p_value": 4.1e-05}},
+                           "questions_this_better": 41, "questions_reference_better": 12, "test": "mcnemar_exact",
+                           "p_value": 4.1e-05}},
+        "grpo": {"paired": {"reference": "sft", "only_this_right": 60, "only_reference_right": 20,
+                            "questions_this_better": 25, "questions_reference_better": 9,
+                            "test": "sign_flip_exact_by_question", "p_value": 0.0061}},
     }  # fmt: skip
-    assert paired_sentences(final) == ["SFT vs BASE: 41 answers right only for SFT, 12 only for BASE, p = 4.1e-05"]
+    assert paired_sentences(final) == [
+        "SFT vs BASE: 41 answers right only for SFT, 12 only for BASE, p = 4.1e-05",
+        "GRPO vs SFT: more right answers for GRPO on 25 questions, for SFT on 9 (60 answers right only for GRPO, "
+        "20 only for SFT), p = 0.0061",
+    ]
+
+
+def test_several_samples_per_question_are_reported_clustered_by_question(reports_dir, report_params_file, tmp_path):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    rights = {"base": [0, 0, 1, 0], "sft": [4, 0, 2, 0], "ei": [4, 1, 2, 1], "grpo": [4, 4, 0, 3]}
+    records = {route: sampled(right) for route, right in rights.items()}
+    final = {route: summarize(records[route]) for route in ROUTES}
+    final["sft"]["paired"] = {"reference": "base", **paired_comparison(records["sft"], records["base"])}
+    (reports / "final" / "metrics.json").write_text(json.dumps(final))
+    markdown = render_markdown(build_report(ReportInputs(reports, report_params_file)).blocks)
+
+    # sft: 6 of 16 right; Σ (right − 6/16 · 4)² = 2.5² + 1.5² + 0.5² + 1.5² = 11; n_eff = (6/16)(10/16) 16² / 11
+    low, high = wilson_interval(6 / 16, 6 * 10 / 11)
+    assert f"| sft | 16 | 37.5% [{100 * low:.1f}, {100 * high:.1f}] |" in markdown
+    assert "Error bars: 95% Wilson score interval clustered by question (samples of one question" in markdown
+    assert "Accuracy with its 95% Wilson score interval clustered by question in brackets" in markdown
+    # Per question 4 − 0, 0 − 0, 2 − 1 and 0 − 0 right answers: sign patterns of (4, 1) sum to ±5 and ±3; 2 of 4 ≥ 5
+    assert (
+        "Paired against the model each route started from (the same questions, samples and seed), the exact "
+        "sign-flip test over questions (each question's difference in right answers keeps or flips its sign as a "
+        "whole, since samples of one question are not independent): SFT vs BASE: more right answers for SFT on 2 "
+        "questions, for BASE on 0 (5 answers right only for SFT, 0 only for BASE), p = 0.5." in markdown
+    )
+    assert "McNemar" not in markdown and "one per question" not in markdown
 
 
 # ---------------------------------------------------------------------------------------- headline metrics

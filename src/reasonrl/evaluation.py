@@ -11,6 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
 from reasonrl.prompts import ANSWER_FNS, REWARD_FNS, format_prompt, load_prompt
+from reasonrl.statistics import (
+    INTERVAL_CLUSTERED,
+    INTERVAL_WILSON,
+    TEST_MCNEMAR,
+    TEST_SIGN_FLIP,
+    effective_sample_size,
+    sign_flip_p_value,
+    wilson_interval,
+)
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
@@ -64,12 +73,35 @@ def per_question_metrics(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy (with its standard error), format rate, category counts and response lengths; with several samples
-    per question also pass@k and majority-vote accuracy (:func:`per_question_metrics`).
+def _right_per_question(records: list[dict[str, Any]]) -> dict[int, list[bool]]:
+    """Each question's answers, right or not, in the order of ``records`` (questions in order of first sample)."""
+    by_question: dict[int, list[bool]] = {}
+    for record in records:
+        by_question.setdefault(record["question_index"], []).append(record["reward"] == 1.0)
+    return by_question
 
-    Categories: ``correct`` (reward 1), ``format_only`` (format right, answer wrong), ``neither`` (format
-    wrong; the answer is then not credited). Lengths are in tokens; a mean over no responses is null.
+
+def clustered_interval(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The 95% interval of the accuracy over ``records``, clustered by question (see ``reasonrl.statistics``):
+    ``method``, ``effective_n`` (the independent answers the accuracy is worth), ``low`` and ``high``."""
+    by_question = _right_per_question(records)
+    correct = [sum(group) for group in by_question.values()]
+    samples = [len(group) for group in by_question.values()]
+    effective_n = effective_sample_size(correct, samples)
+    low, high = wilson_interval(sum(correct) / len(records), effective_n)
+    method = INTERVAL_WILSON if max(samples) == 1 else INTERVAL_CLUSTERED
+    return {"method": method, "level": 0.95, "effective_n": effective_n, "low": low, "high": high}
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy with its standard error and 95% interval, format rate, category counts and response lengths; with
+    several samples per question also pass@k and majority-vote accuracy (:func:`per_question_metrics`).
+
+    The standard error and the interval treat the question as the unit (:func:`clustered_interval`): with one sample
+    per question they are the binomial ones over the ``n`` answers; with several, samples of one question count as
+    ``effective_n / n`` of an independent answer each. Categories: ``correct`` (reward 1), ``format_only`` (format
+    right, answer wrong), ``neither`` (format wrong; the answer is then not credited). Lengths are in tokens; a mean
+    over no responses is null.
     """
     n = len(records)
     if n == 0:
@@ -78,11 +110,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     incorrect = [r for r in records if r["reward"] != 1.0]
     formatted = sum(r["format_reward"] == 1.0 for r in records)
     accuracy = len(correct) / n
-    several = len({r["question_index"] for r in records}) < n
+    interval = clustered_interval(records)
+    questions = len({r["question_index"] for r in records})
     return {
         "n": n,
+        "questions": questions,
         "accuracy": accuracy,
-        "accuracy_stderr": math.sqrt(accuracy * (1 - accuracy) / n),
+        "accuracy_stderr": math.sqrt(accuracy * (1 - accuracy) / interval["effective_n"]),
+        "accuracy_interval": interval,
         "format_rate": formatted / n,
         "categories": {"correct": len(correct), "format_only": formatted - len(correct), "neither": n - formatted},
         "response_length": {
@@ -90,7 +125,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "correct": _mean([r["length"] for r in correct]),
             "incorrect": _mean([r["length"] for r in incorrect]),
         },
-    } | (per_question_metrics(records) if several else {})
+    } | (per_question_metrics(records) if questions < n else {})
 
 
 def evaluate(
@@ -160,26 +195,26 @@ def evaluate_checkpoints(
     return results
 
 
-def mcnemar_p_value(only_first: int, only_second: int) -> float:
-    """Two-sided exact McNemar test: under "no difference" the discordant pairs split Binomial(b + c, 1/2)."""
-    discordant = only_first + only_second
-    if discordant == 0:
-        return 1.0
-    tail = sum(math.comb(discordant, i) for i in range(min(only_first, only_second) + 1)) / 2**discordant
-    return min(1.0, 2 * tail)
-
-
 def paired_comparison(records: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
     """Answer by answer against ``reference`` (the same questions, samples and seed): how often only one of the two
-    was right, and McNemar's exact p-value for "equally accurate"."""
+    was right; question by question, on how many each had more right answers; and the p-value of ``test`` for
+    "equally accurate". With one sample per question the test is McNemar's exact test; with several, the exact
+    sign-flip test over the per-question differences in right answers, since samples of a question are not
+    independent (``reasonrl.statistics``)."""
     if [r["question_index"] for r in records] != [r["question_index"] for r in reference]:
         raise ValueError("paired comparison needs the same questions and samples per question in both evaluations")
     only_this = sum(a["reward"] == 1.0 and b["reward"] != 1.0 for a, b in zip(records, reference, strict=True))
     only_reference = sum(a["reward"] != 1.0 and b["reward"] == 1.0 for a, b in zip(records, reference, strict=True))
+    these, theirs = _right_per_question(records), _right_per_question(reference)
+    differences = [sum(these[q]) - sum(theirs[q]) for q in these]
+    several = max(len(group) for group in these.values()) > 1
     return {
         "only_this_right": only_this,
         "only_reference_right": only_reference,
-        "mcnemar_p_value": mcnemar_p_value(only_this, only_reference),
+        "questions_this_better": sum(d > 0 for d in differences),
+        "questions_reference_better": sum(d < 0 for d in differences),
+        "test": TEST_SIGN_FLIP if several else TEST_MCNEMAR,
+        "p_value": sign_flip_p_value(differences),
     }
 
 

@@ -44,7 +44,15 @@ from reasonrl.report.inputs import (
     read_metric,
     read_params,
 )
-from reasonrl.report.tables import disagreement_table, grader_agreement_table, per_question_table, summary_table
+from reasonrl.report.tables import (
+    INTERVAL_NAMES,
+    disagreement_table,
+    grader_agreement_table,
+    interval_name,
+    per_question_table,
+    summary_table,
+)
+from reasonrl.statistics import INTERVAL_CLUSTERED, INTERVAL_WILSON, TEST_MCNEMAR, TEST_SIGN_FLIP
 
 
 @dataclass(frozen=True)
@@ -96,29 +104,59 @@ def accuracy_changes(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return changes
 
 
+PAIRED_TESTS = {
+    TEST_MCNEMAR: "McNemar's exact test",
+    TEST_SIGN_FLIP: "the exact sign-flip test over questions (each question's difference in right answers keeps or "
+    "flips its sign as a whole, since samples of one question are not independent)",
+}
+"""What a ``paired`` comparison's ``test`` is called in the report."""
+
+
 def paired_sentences(final: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """``"GRPO vs SFT: 41 answers right only for GRPO, 12 only for SFT, p = 4.1e-05"`` per route with a ``paired``
-    comparison (see ``reasonrl.evaluation.add_paired_comparisons``)."""
+    comparison (see ``reasonrl.evaluation.add_paired_comparisons``); with several samples per question the questions
+    on which each had more right answers come first, since the test counts those."""
     sentences = []
     for route, summary in final.items():
         if paired := summary.get("paired"):
-            reference = paired["reference"]
-            sentences.append(
-                f"{route.upper()} vs {reference.upper()}: {paired['only_this_right']} answers right only for "
-                f"{route.upper()}, {paired['only_reference_right']} only for {reference.upper()}, "
-                f"p = {paired['mcnemar_p_value']:.2g}"
+            this, reference = route.upper(), paired["reference"].upper()
+            counts = (
+                f"{paired['only_this_right']} answers right only for {this}, "
+                f"{paired['only_reference_right']} only for {reference}"
             )
+            if paired["test"] == TEST_SIGN_FLIP:
+                counts = (
+                    f"more right answers for {this} on {paired['questions_this_better']} questions, for {reference} "
+                    f"on {paired['questions_reference_better']} ({counts})"
+                )
+            sentences.append(f"{this} vs {reference}: {counts}, p = {paired['p_value']:.2g}")
     return sentences
+
+
+def paired_test_names(final: Mapping[str, Mapping[str, Any]]) -> str:
+    """The name of the routes' paired test (both, when they differ in samples per question)."""
+    tests = sorted({s["paired"]["test"] for s in final.values() if "paired" in s})
+    return " or ".join(PAIRED_TESTS[test] for test in tests)
+
+
+INTERVAL_EXPLANATIONS = {
+    INTERVAL_WILSON: " over the n graded answers, one per question",
+    INTERVAL_CLUSTERED: " (samples of one question are not independent: its effective sample size comes from the "
+    "spread of the per-question accuracies, the questions taken as a sample of questions like them)",
+}
+"""How each ``accuracy_interval.method`` is computed, in words for the figure caption."""
 
 
 def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
     report.blocks.append(Heading(2, "Test accuracy per route"))
     report.figures["test_accuracy.png"] = plot_test_accuracy(final)
+    methods = sorted({s["accuracy_interval"]["method"] for s in final.values()})
     report.blocks.append(
         Figure(
             "test_accuracy.png",
-            "Test accuracy per route. Error bars: 95% Wilson score interval over the n graded answers "
-            "(samples of one question are treated as independent).",
+            "Test accuracy per route. Error bars: "
+            + "; ".join(INTERVAL_NAMES[method] + INTERVAL_EXPLANATIONS[method] for method in methods)
+            + ".",
         )
     )
     report.blocks.append(summary_table(final, "route"))
@@ -127,7 +165,7 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
         report.blocks.append(
             Paragraph(
                 "Paired against the model each route started from (the same questions, samples and seed), "
-                "McNemar's exact test: " + "; ".join(paired) + "."
+                f"{paired_test_names(final)}: " + "; ".join(paired) + "."
             )
         )
     if (several := per_question_table(final)) is not None:
@@ -144,7 +182,7 @@ def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], fin
     )
     report.blocks.append(
         Paragraph(
-            f"From `{final_path.as_posix()}`. Accuracy with its 95% Wilson score interval in brackets; "
+            f"From `{final_path.as_posix()}`. Accuracy with its {interval_name(final)} in brackets; "
             "categories: correct, right format but wrong answer, wrong format; lengths in tokens."
         )
     )

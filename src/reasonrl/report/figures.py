@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reasonrl.report.tables import CATEGORIES, accuracy_interval, percent
+from reasonrl.report.tables import CATEGORIES, accuracy_interval, interval_name, percent
 
 
 def _png(figure) -> bytes:
@@ -25,7 +25,7 @@ def _figure(rows: int, columns: int, width: float, height: float):
 
 
 def plot_test_accuracy(final: Mapping[str, Mapping[str, Any]]) -> bytes:
-    """Bar chart of test accuracy per route with 95% Wilson intervals as error bars."""
+    """Bar chart of test accuracy per route with their 95% intervals as error bars."""
     figure, [[axes]] = _figure(1, 1, 6.4, 4)
     names = list(final)
     accuracies = [final[n]["accuracy"] for n in names]
@@ -38,7 +38,7 @@ def plot_test_accuracy(final: Mapping[str, Mapping[str, Any]]) -> bytes:
     axes.bar_label(bars, labels=[percent(a) for a in accuracies], padding=3)
     axes.set_ylabel("test accuracy")
     axes.set_ylim(0, min(1.0, max(high for _, high in intervals) * 1.15 + 0.02))
-    axes.set_title("Test accuracy per route (95% Wilson interval)")
+    axes.set_title(f"Test accuracy per route ({interval_name(final)})")
     return _png(figure)
 
 

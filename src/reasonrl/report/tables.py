@@ -1,4 +1,4 @@
-"""Numbers as the report prints them: Wilson intervals, percentages, the per-route summary table, the grader
+"""Numbers as the report prints them: accuracy intervals, percentages, the per-route summary table, the grader
 cross-check."""
 
 from __future__ import annotations
@@ -9,25 +9,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from reasonrl.report.document import Table
+from reasonrl.statistics import INTERVAL_CLUSTERED, INTERVAL_WILSON
 
 CATEGORIES = ("correct", "format_only", "neither")
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
-
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion; unlike p ± z·s.e. it stays informative at p = 0 or 1."""
-    if n <= 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return (max(0.0, centre - half), min(1.0, centre + half))
+INTERVAL_NAMES = {
+    INTERVAL_WILSON: "95% Wilson score interval",
+    INTERVAL_CLUSTERED: "95% Wilson score interval clustered by question",
+}
+"""What a summary's ``accuracy_interval.method`` is called in the report."""
 
 
 def accuracy_interval(summary: Mapping[str, Any]) -> tuple[float, float]:
-    """95% Wilson interval of a summary's accuracy (``accuracy · n`` correct answers out of ``n``)."""
-    return wilson_interval(round(summary["accuracy"] * summary["n"]), summary["n"])
+    """The 95% interval of a summary's accuracy, as ``reasonrl.evaluation.summarize`` computed it."""
+    interval = summary["accuracy_interval"]
+    return (interval["low"], interval["high"])
+
+
+def interval_name(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    """The name of the summaries' accuracy interval (both names, when they differ in samples per question)."""
+    methods = sorted({s["accuracy_interval"]["method"] for s in summaries.values()})
+    return " or ".join(INTERVAL_NAMES[method] for method in methods)
 
 
 def percent(value: float | None) -> str:
@@ -39,7 +41,7 @@ def number(value: float | None, digits: int = 1) -> str:
 
 
 def format_accuracy(summary: Mapping[str, Any]) -> str:
-    """``"30.0% [10.8, 60.3]"``: accuracy and its 95% Wilson interval, in percent."""
+    """``"30.0% [10.8, 60.3]"``: accuracy and its 95% interval, in percent."""
     low, high = accuracy_interval(summary)
     return f"{percent(summary['accuracy'])} [{100 * low:.1f}, {100 * high:.1f}]"
 
@@ -54,7 +56,7 @@ SUMMARY_COLUMNS = [
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]], label: str) -> Table:
-    """One row per summary: n, accuracy with its Wilson interval, format rate, categories, mean lengths."""
+    """One row per summary: n, accuracy with its 95% interval, format rate, categories, mean lengths."""
     rows = []
     for name, s in summaries.items():
         categories = " / ".join(str(s["categories"][c]) for c in CATEGORIES)
