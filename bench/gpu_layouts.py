@@ -16,18 +16,22 @@ Each layout runs in its own subprocess (one in-process vLLM engine per process) 
    tokens (max |diff| below 1e-3 in ``float32``, 0.1 in ``bfloat16``).
    A stale output layer would be off by tens of nats.
 
-Expected output on a machine with two GPUs (illustrative: no GPU with vLLM has run this script yet)::
+``--dtype`` defaults to ``bfloat16``, the production engine's (``rollout.dtype`` in ``params.yaml``; vLLM's GPU
+attention kernels want 16-bit); ``--dtype float32`` adds the exact greedy check.
 
-    colocate: engine started on cuda:0 in 25.3 s (float32)
+Expected output on a machine with two GPUs (illustrative: no GPU with vLLM has run this script yet; the numbers are
+placeholders)::
+
+    colocate: engine started on cuda:0 in 25.3 s (bfloat16)
     colocate: ok   generate: 3 prompts x 4 samples, per-prompt lengths honoured
     colocate: ok   seeded generate repeats its samples (after other calls and another numpy seed)
     colocate: ok   generate leaves numpy's state as it was
     colocate: ok   sleep() released 41.9 GiB of cuda:0 (engine share 42.3 GiB), wake_up(policy) took 41.9 GiB back
-    colocate: ok   greedy after sync == HF greedy, 3/3 prompts, 96/96 tokens
-    colocate: ok   sampled-token log-probs after sync: max |engine - HF| 2.1e-06
+    colocate: info greedy after sync == HF greedy, 3/3 prompts, 96/96 tokens (bfloat16: not required)
+    colocate: ok   sampled-token log-probs after sync: max |engine - HF| 1.6e-02
     colocate: ok   a generation phase ends asleep (1.2 GiB in use)
     colocate: PASS
-    split: engine started on cuda:1 in 24.8 s (float32)
+    split: engine started on cuda:1 in 24.8 s (bfloat16)
     split: ok   engine memory on cuda:1: 117.9 GiB, on cuda:0: 0.0 GiB
     ...
     split: PASS
@@ -48,6 +52,12 @@ import time
 
 import numpy as np
 import torch
+from transformers import AutoModelForCausalLM
+
+from reasonrl.config import EngineConfig, TinyModelSpec
+from reasonrl.logprobs import get_response_log_probs
+from reasonrl.rollout import RolloutEngine
+from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 LAYOUTS = ("colocate", "split")
 PROMPTS = [
@@ -63,12 +73,16 @@ CORPUS = [
 ] * 4
 GREEDY_TOKENS = 32
 LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+PRODUCTION_DTYPE = "bfloat16"
+"""The engine dtype of a GPU run (``rollout.dtype`` in the committed ``params.yaml``; a test holds them equal)."""
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=LAYOUTS, help="run one layout in this process (used by the driver)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(LOGPROB_TOLERANCE), help="engine and policy")
+    parser.add_argument(
+        "--dtype", default=PRODUCTION_DTYPE, choices=sorted(LOGPROB_TOLERANCE), help="engine and policy"
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="the engine's share of its GPU")
     return parser.parse_args()
 
@@ -143,8 +157,6 @@ def hf_greedy(policy, tokenizer, prompt: str, device: torch.device) -> list[int]
 
 
 def hf_log_probs(policy, tokenizer, prompt: str, response_ids: list[int], device: torch.device) -> torch.Tensor:
-    from reasonrl.logprobs import get_response_log_probs
-
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     ids = torch.tensor([prompt_ids + response_ids], device=device)  # [1, P + R]
     with torch.no_grad():
@@ -153,12 +165,6 @@ def hf_log_probs(policy, tokenizer, prompt: str, response_ids: list[int], device
 
 
 def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
-    from transformers import AutoModelForCausalLM
-
-    from reasonrl.config import EngineConfig, TinyModelSpec
-    from reasonrl.rollout import RolloutEngine
-    from reasonrl.tiny_model import build_tiny_model, train_tokenizer
-
     checks = Checks(layout)
     with tempfile.TemporaryDirectory() as model_dir:
         tokenizer = train_tokenizer(CORPUS, vocab_size=300)

