@@ -43,6 +43,10 @@ OVERRIDES = {
     "grpo.epochs_per_rollout_batch": 2,
     "grpo.loss_type": "grpo_clip",
     "grpo.max_tokens": 16,
+    # The tiny random model earns no reward, hence no advantage: without a KL penalty every optimizer step would be
+    # skipped (no signal) and the weights never move; weight decay moves them off the reference in the first step.
+    "grpo.kl_coef": 0.04,
+    "grpo.weight_decay": 0.1,
 }
 
 
@@ -110,6 +114,8 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
         assert expected.keys() == actual.keys()
         for name in expected:
             assert (expected[name] == actual[name]).all(), f"{kind}/{name} differs after resume"
+    init, final = load_file(model / "base/model.safetensors"), load_file(resumed / "grpo/final/model.safetensors")
+    assert any(not torch.equal(init[name], final[name]) for name in init.keys() & final.keys()), "weights never moved"
     expected, actual = (json.loads((run / "metrics.json").read_text()) for run in (uninterrupted, resumed))
     assert expected.pop("wall_clock_seconds") > 0 and actual.pop("wall_clock_seconds") > 0  # the clock differs
     assert expected == actual
