@@ -72,10 +72,10 @@ CARDS = (
     (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 1513 / 2),
     (r"\bH100\b.*\b(HBM3|SXM\d?)\b", "H100 SXM", 1979 / 2),
     (r"\bH200\b.*\bNVL\b", "H200 NVL", 1671 / 2),
-    (r"^NVIDIA H200$", "H200 SXM", 1979 / 2),
+    (r"^NVIDIA H200$|\bH200\b.*\b(HBM3e?|SXM\d?)\b", "H200 SXM", 1979 / 2),
     (r"\bGH200\b", "GH200", 1979 / 2),
     (r"\bH800\b.*\bPCIe\b", "H800 PCIe", 1513 / 2),
-    (r"^NVIDIA H800$", "H800 SXM", 1979 / 2),
+    (r"^NVIDIA H800$|\bH800\b.*\b(HBM3|SXM\d?)\b", "H800 SXM", 1979 / 2),
     (r"\bA100\b", "A100", 312.0),
     (r"\bL40S\b", "L40S", 362.05),
 )
