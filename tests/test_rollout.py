@@ -161,6 +161,17 @@ def test_generate_rejects_bad_arguments(engine):
 
 
 @pytest.mark.slow
+def test_a_prompt_and_answer_longer_than_the_engine_holds_are_named(engine, tiny_tokenizer):
+    """vLLM would cut the answer at max_model_len (512 here) without a word; the engine says which param to raise."""
+    prompt_tokens = len(engine._llm.get_tokenizer().encode(PROMPTS[1]))
+    room = 512 - prompt_tokens
+    assert len(engine.generate(PROMPTS[1:2], max_tokens=room, min_tokens=1, stop=())[0][0].token_ids) <= room
+    message = rf"^rollout.max_model_len: \(512\) is too short for prompt 1 \({prompt_tokens} tokens\) and an answer"
+    with pytest.raises(ConfigError, match=message):
+        engine.generate(PROMPTS[:2], max_tokens=[1, room + 1])
+
+
+@pytest.mark.slow
 def test_token_ids_decode_to_text(engine, tiny_model, tiny_tokenizer):
     engine.sync_weights(tiny_model)
     for per_prompt in engine.generate(PROMPTS, n=4, max_tokens=24, seed=3):

@@ -227,6 +227,20 @@ class RolloutEngine:
 
     # -- generation -----------------------------------------------------------------------------------------------
 
+    def _check_room(self, prompts: list[str], max_tokens: list[int]) -> None:
+        """Every prompt and its longest answer must fit ``max_model_len``: vLLM refuses a prompt that fills it and
+        silently cuts an answer that reaches it, which would quietly shorten what ``max_tokens`` promised."""
+        tokenizer = self._llm.get_tokenizer()
+        for index, (prompt, answer_tokens) in enumerate(zip(prompts, max_tokens, strict=True)):
+            prompt_tokens = len(tokenizer.encode(prompt))  # as vLLM tokenizes a text prompt, special tokens included
+            if prompt_tokens + answer_tokens > self.config.max_model_len:
+                raise ConfigError(
+                    f"rollout.max_model_len: ({self.config.max_model_len}) is too short for prompt {index} "
+                    f"({prompt_tokens} tokens) and an answer of up to {answer_tokens} tokens (the section's "
+                    f"max_tokens); raise rollout.max_model_len to at least {prompt_tokens + answer_tokens} or lower "
+                    f"max_tokens"
+                )
+
     def generate(
         self,
         prompts: list[str],
@@ -272,6 +286,7 @@ class RolloutEngine:
         for index, (low, high) in enumerate(zip(min_per_prompt, max_per_prompt, strict=True)):
             if low > high:
                 raise ValueError(f"min_tokens ({low}) exceeds max_tokens ({high}) for prompt {index}")
+        self._check_room(prompts, max_per_prompt)
 
         from vllm import SamplingParams
 
