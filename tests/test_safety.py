@@ -48,6 +48,7 @@ def assert_stopped_on_the_prompt(output: str, payload: str) -> None:
 @pytest.mark.slow
 def test_a_shell_payload_in_a_param_never_runs_under_dvc(injected_repo):
     clone, env, marker, payload = injected_repo
+    marker.unlink(missing_ok=True)  # each runner on its own
     result = subprocess.run(["dvc", "repro", "-s", "final_eval"], cwd=clone, env=env, capture_output=True, text=True)
     assert result.returncode != 0 and not marker.exists(), result.stdout + result.stderr
     assert_stopped_on_the_prompt(result.stderr, payload)
@@ -56,6 +57,7 @@ def test_a_shell_payload_in_a_param_never_runs_under_dvc(injected_repo):
 @pytest.mark.slow
 def test_a_shell_payload_in_a_param_never_runs_under_snakemake(injected_repo):
     clone, env, marker, payload = injected_repo
+    marker.unlink(missing_ok=True)  # each runner on its own
     command = [sys.executable, "-m", "snakemake", "--cores", "1", "final_eval"]
     result = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
     assert result.returncode != 0 and not marker.exists(), result.stdout + result.stderr
