@@ -47,6 +47,7 @@ def params_with(full_scale_params: str, **sections) -> Params:
                     "rollout_batch_size": 1016,
                     "gradient_accumulation_steps": 1,
                     "group_size": 2,
+                    "loss_type": "grpo_clip",  # four optimizer steps per rollout batch: off-policy, with a ratio
                 }
             },
             "grpo.train_batch_size",
