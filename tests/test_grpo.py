@@ -122,19 +122,27 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
     tiny_model.zero_grad()
 
 
-def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model):
+@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
+def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, length_normalization):
+    """``masked_mean``: the step's mean runs over the kept rows. ``masked_normalize`` (Dr. GRPO): each kept row's
+    summed loss over max_tokens, averaged over *all* the step's rows (truncated ones count with zero loss), so the
+    constant normaliser does not grow with the truncation rate."""
     batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     batch.truncated = torch.tensor([False, True, False, True])
     config = GRPOConfig(
-        rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True
-    )
+        rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True,
+        length_normalization=length_normalization, max_tokens=7,
+    )  # fmt: skip
     kept = [0, 2]
     tiny_model.zero_grad()
     log_probs = torch.log_softmax(tiny_model(batch.input_ids[kept]).logits, dim=-1)
     log_probs = log_probs.gather(-1, batch.labels[kept].unsqueeze(-1)).squeeze(-1)
     mask = batch.response_mask[kept].float()
     per_token = -batch.advantages[kept].unsqueeze(-1) * log_probs
-    expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    if length_normalization == "masked_mean":
+        expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    else:
+        expected_loss = (per_token * mask).sum() / 7 / 4  # over all 4 rows, not the 2 kept
     expected_loss.backward()
     expected_grads = {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
     tiny_model.zero_grad()

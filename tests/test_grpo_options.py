@@ -1,5 +1,5 @@
-"""GRPO options mean what they say: the KL reference, Dr. GRPO's constant under overlong filtering, steps without
-signal, steps short of a train batch, and off-policy configurations without an importance ratio."""
+"""GRPO options mean what they say: the KL reference, steps without signal, steps short of a train batch, and
+off-policy configurations without an importance ratio. (Dr. GRPO's constant under overlong filtering: test_grpo.py.)"""
 
 import copy
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, GRPOConfig
-from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, frozen_reference, has_learning_signal, optimizer_step
+from reasonrl.grpo import NonFiniteGuard, frozen_reference, has_learning_signal, optimizer_step
 from reasonrl.losses import compute_kl
 from tests.test_grpo import fixed_batch
 
@@ -35,33 +35,6 @@ def test_kl_reference_is_the_policy_as_loaded_in_its_own_dtype(tiny_model):
         assert not torch.equal(next(policy.parameters()), next(reference.parameters()))
     lora = GRPOConfig(**SMALL, kl_coef=0.1, lora_rank=4)
     assert frozen_reference(tiny_model, lora) is tiny_model  # run with its adapters off
-
-
-def test_overlong_filtering_keeps_dr_grpo_constant(tiny_model):
-    """``masked_normalize`` with ``mask_truncated``: each kept sequence's summed loss over max_tokens, averaged over
-    *all* the step's rows (truncated ones count with zero loss), so the normaliser does not grow with truncation."""
-    batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
-    batch.truncated = torch.tensor([False, True, False, True])
-    config = GRPOConfig(
-        **{**SMALL, "gradient_accumulation_steps": 2}, max_tokens=7, mask_truncated=True,
-        length_normalization="masked_normalize",
-    )  # fmt: skip
-    kept = [0, 2]
-    tiny_model.zero_grad()
-    log_probs = torch.log_softmax(tiny_model(batch.input_ids[kept]).logits, dim=-1)
-    log_probs = log_probs.gather(-1, batch.labels[kept].unsqueeze(-1)).squeeze(-1)
-    mask = batch.response_mask[kept].float()
-    per_token = -batch.advantages[kept].unsqueeze(-1) * log_probs
-    expected_loss = (per_token * mask).sum(-1).sum() / 7 / 4  # over all 4 rows, not the 2 kept
-    expected_loss.backward()
-    expected_grads = {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
-    tiny_model.zero_grad()
-
-    metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)
-    assert metrics["train/loss"] == pytest.approx(expected_loss.item(), rel=1e-5)
-    for name, parameter in tiny_model.named_parameters():
-        assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
-    tiny_model.zero_grad()
 
 
 def test_a_step_without_signal_is_recognised():
