@@ -251,14 +251,13 @@ def compute_kl(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, esti
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}")
-    log_ratio = ref_log_probs - policy_log_probs  # log r, [B, T]
     if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    return torch.expm1(log_ratio) - log_ratio
+        return 0.5 * (ref_log_probs - policy_log_probs).square()  # ½ (log r)², [B, T]
+    return kl_value(policy_log_probs, ref_log_probs)
 
 
 def kl_value(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """Per-token ``(r - 1) - log r``: an unbiased, never negative estimate of KL(π ‖ π_ref) under samples of π, the
     logged ``train/kl`` whatever the penalty's estimator, so runs with either estimator compare."""
-    log_ratio = ref_log_probs - policy_log_probs  # [B, T]
+    log_ratio = ref_log_probs - policy_log_probs  # log r, [B, T]
     return torch.expm1(log_ratio) - log_ratio
