@@ -4,7 +4,10 @@ task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and 
 import json
 
 import pytest
+from dvc.repo import Repo
 from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
+
+from reasonrl.presets import apply_to_file
 
 pytestmark = pytest.mark.slow
 
@@ -81,43 +84,33 @@ def test_a_prompt_edit_makes_every_stage_that_samples_with_it_stale(repo):
 
 
 def test_a_stage_depends_on_the_model_it_starts_from_only(repo):
-    """With ``grpo.init_model: base`` an SFT change leaves GRPO cached; switching to ``sft`` reruns it."""
-    clone, env = repo
-    from_base = ["-S", "grpo.init_model=base", "-S", "ei.init_model=base"]
-    run(["dvc", "exp", "run", "--name", "from-base", *from_base], clone, env)
-    output = run(["dvc", "exp", "run", "--name", "sft-lr", *from_base, "-S", "sft.learning_rate=1e-3"], clone, env)
-    assert "Running stage 'sft'" in output
-    assert "Stage 'grpo' didn't change, skipping" in output and "Running stage 'grpo'" not in output
-    assert "Stage 'expert_iteration' didn't change, skipping" in output
-    output = run(["dvc", "exp", "run", "--name", "grpo-from-sft", "-S", "grpo.init_model=sft"], clone, env)
-    assert "Running stage 'grpo'" in output
-    assert "resuming" not in output  # the finished runs before left no checkpoint to continue from
-
-
-def test_the_prompt_ablation_grades_grpo_with_its_own_prompt(repo):
-    clone, env = repo
-    run(["dvc", "exp", "run", "--name", "question-only", "-S", "grpo.prompt=question_only"], clone, env)
-    final = json.loads((clone / "reports/final/metrics.json").read_text())
-    assert {route: summary["prompt"] for route, summary in final.items()} == {
-        "base": "r1_zero",
-        "sft": "r1_zero",
-        "ei": "r1_zero",
-        "grpo": "question_only",
-    }
-    records = [json.loads(line) for line in (clone / "reports/final/generations/grpo.jsonl").open()]
-    assert "<think>" not in records[0]["prompt"]  # the bare question, as GRPO trained on it
-    assert "grpo `question_only`" in (clone / "reports/report.md").read_text()
+    """With ``grpo.init_model: base`` (and ``ei.init_model: base``) DVC itself resolves the stage's model dep to
+    models/base alone, so an SFT change leaves GRPO and EI cached; switching to ``sft`` makes it models/sft."""
+    clone, _ = repo
+    params = clone / "params.yaml"
+    original = params.read_text()
+    try:
+        for init in ("base", "sft"):
+            apply_to_file({"grpo.init_model": init, "ei.init_model": init}, params)
+            with Repo(str(clone)) as dvc:
+                for name in ("grpo", "expert_iteration"):
+                    (stage,) = dvc.stage.collect(name)
+                    models = {dep.def_path for dep in stage.deps if dep.def_path.startswith("models/")}
+                    assert models == {f"models/{init}"}, (name, init, models)
+    finally:
+        params.write_text(original)
 
 
 def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
-    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering, LoRA and two samples per question, all on
-    at once in one ``dvc exp run``: each shows up in the curves or the metrics it promises."""
+    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering, LoRA, two samples per question and the
+    question_only prompt, all on at once in one ``dvc exp run``: each shows up in the curves or the metrics it
+    promises, and the final evaluation grades GRPO with the prompt it trained with."""
     clone, env = repo
     recipes = {
         "grpo.loss_type": "grpo_clip", "grpo.epochs_per_rollout_batch": 2, "grpo.cliprange_high": 0.28,
         "grpo.kl_coef": 0.1, "grpo.dynamic_sampling": "true", "grpo.max_sampling_rounds": 2,
         "grpo.mask_truncated": "true", "eval.samples_per_question": 2, "grpo.lora_rank": 8,
-        "grpo.init_model": "sft", "ei.init_model": "sft",  # as the CPU preset has them (an earlier test moved them)
+        "grpo.prompt": "question_only",
     }  # fmt: skip
     overrides = [arg for key, value in recipes.items() for arg in ("-S", f"{key}={value}")]
     run(["dvc", "exp", "run", "--name", "recipes", *overrides], clone, env)
@@ -134,7 +127,16 @@ def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
     for metric in ("train/kl", "train/clip_fraction_high", "train/clip_fraction_low", "rollout/sampling_rounds",
                    "rollout/dropped_groups", "rollout/truncated_fraction"):  # fmt: skip
         assert len((curves / f"{metric}.tsv").read_text().splitlines()) > 1, metric
-    assert "pass@2" in (clone / "reports/report.md").read_text()
+    report = (clone / "reports/report.md").read_text()
+    assert "pass@2" in report and "grpo `question_only`" in report
+    assert {route: summary["prompt"] for route, summary in final.items()} == {
+        "base": "r1_zero",
+        "sft": "r1_zero",
+        "ei": "r1_zero",
+        "grpo": "question_only",
+    }
+    records = [json.loads(line) for line in (clone / "reports/final/generations/grpo.jsonl").open()]
+    assert "<think>" not in records[0]["prompt"]  # the bare question, as GRPO trained on it
 
 
 def test_grpo_on_two_ranks_is_an_experiment_like_any_other(repo):

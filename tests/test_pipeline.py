@@ -101,7 +101,7 @@ def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
 
     run(["git", "add", "-A"], clone, env)
     run(["git", "commit", "-qm", "pipeline results"], clone, env)
-    run(["dvc", "exp", "run", "-S", "sft.num_examples=128", "expert_iteration"], clone, env)
+    run(["dvc", "exp", "run", "-S", "sft.num_examples=128", "sft"], clone, env)
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], clone, env))
     changed = diff["reports/sft/metrics.json"]["train_pairs"]
     assert (changed["old"], changed["new"]) == (stats["kept"], 128)
