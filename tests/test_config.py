@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from reasonrl.config import ConfigError, Params, from_dict, load_params
-from reasonrl.presets import apply_overrides, apply_to_file, as_set_params, checked_overrides, load_preset
+from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,19 +98,6 @@ def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout(params_file
     assert params.rollout.layout == "cpu"
     assert params.data.name == "arithmetic"
     assert params.eval.max_tokens < 1024
-
-
-def test_preset_as_dvc_set_params_quotes_values():
-    assert as_set_params({"model.name": "tiny", "eval.num_examples": 200, "x.y": None}) == (
-        "'-Smodel.name=\"tiny\"' -Seval.num_examples=200 -Sx.y=null"
-    )
-
-
-def test_preset_applied_to_file_keeps_comments(params_file):
-    apply_to_file(load_preset("cpu"), params_file)
-    text = params_file.read_text()
-    assert "# hub id, local HF directory, or `tiny`" in text
-    assert load_params(params_file).model.name == "tiny"
 
 
 def test_preset_cannot_invent_parameters():

@@ -30,6 +30,7 @@ from reasonrl.grpo import (
     resume,
     rollout_metrics,
     save_checkpoint,
+    step_progress,
 )
 from reasonrl.prompts import REWARD_FNS
 from reasonrl.rollout import Sample
@@ -390,3 +391,12 @@ def test_the_fingerprint_covers_the_prompt_templates_the_code_the_libraries_and_
     finally:
         torch.set_num_threads(threads)
     assert len(set(seen)) == len(seen)
+
+
+def test_a_resumed_runs_bar_counts_every_step_and_times_only_the_remaining_ones():
+    bar = step_progress(40, 80, enabled=True)
+    assert (bar.n, bar.total) == (40, 80)
+    assert list(bar) == list(range(40, 80))
+    assert bar.n == bar.total == 80
+    # 10 steps of this run in 10 s: 30 left at 1 step/s (the 40 resumed steps took no time of this run).
+    assert "50/80 [00:10<00:30" in bar.format_meter(**{**bar.format_dict, "n": 50, "elapsed": 10})

@@ -11,6 +11,7 @@ import os
 import random
 import runpy
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from reasonrl.config import ConfigError, EngineConfig
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.memory import check_gpus
 from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rollout import RELOAD_LOGGER, RolloutEngine, Sample
+from reasonrl.rollout import _UNDERSTOOD_WARNINGS, RELOAD_LOGGER, RolloutEngine, Sample, _quiet_understood_warnings
 
 # Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
 PROMPTS = [
@@ -460,3 +461,37 @@ def test_a_deterministic_engine_puts_the_process_on_deterministic_kernels_and_st
 def test_deterministic_must_be_a_boolean():
     with pytest.raises(ValueError, match="EngineConfig.deterministic"):
         EngineConfig(deterministic="yes")
+
+
+def test_only_the_understood_vllm_warnings_are_dropped():
+    _quiet_understood_warnings()
+
+    def passes(logger: str, message: str, *args) -> bool:
+        record = logging.LogRecord(logger, logging.WARNING, "vllm.py", 1, message, args, None)
+        return bool(logging.getLogger(logger).filter(record))
+
+    for logger, prefixes in _UNDERSTOOD_WARNINGS.items():
+        assert not any(passes(logger, prefix + " …") for prefix in prefixes)
+        assert passes(logger, "KV cache is too small for %d tokens", 512)
+    assert not passes(
+        "vllm.v1.worker.cpu_worker", "%s is not found in LD_PRELOAD. For best performance, …", "libtcmalloc"
+    )
+    assert passes(
+        "vllm.v1.worker.cpu_worker", "Speculative decoding on CPU without Intel OpenMP in LD_PRELOAD will cause …"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _quiet_understood_warnings()  # after simplefilter, as at engine start: its filter comes first
+        warnings.warn("`torch.distributed.reduce_op` is deprecated, please use …", FutureWarning, stacklevel=1)
+        warnings.warn("`torch.distributed.other` is deprecated", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["`torch.distributed.other` is deprecated"]
+
+
+@pytest.mark.slow
+def test_a_labelled_progress_bar_counts_the_answers(engine, tiny_model, capfd):
+    engine.sync_weights(tiny_model)
+    engine.generate(PROMPTS[:2], n=3, min_tokens=2, max_tokens=2, stop=(), progress="baseline r1_zero")
+    bar = capfd.readouterr().err
+    assert "baseline r1_zero: 100%" in bar and "6/6 [" in bar
+    engine.generate(PROMPTS[:2], n=3, max_tokens=2, stop=())
+    assert capfd.readouterr().err == ""

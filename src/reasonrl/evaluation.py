@@ -134,9 +134,12 @@ def evaluate(
     prompt_name: str,
     config: EvalConfig,
     seed: int | None = None,
+    progress: str | None = None,
 ) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
-    that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream)."""
+    that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream).
+    ``progress`` labels a progress bar over the answers; None (validation inside a training loop, which has its
+    own bar) shows none."""
     template, reward_fn, answer_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name], ANSWER_FNS[prompt_name]
     examples = examples[: config.num_examples]
     prompts = [format_prompt(template, example.question) for example in examples]
@@ -149,6 +152,7 @@ def evaluate(
         min_tokens=config.min_tokens,
         stop=config.stop,
         seed=seed,
+        progress=progress,
     )
     records = []
     for index, (example, prompt, samples) in enumerate(zip(examples, prompts, outputs, strict=True)):
@@ -178,7 +182,8 @@ def evaluate_checkpoints(
 ) -> dict[str, EvalResult]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
     ``examples`` with the prompt (and its reward function) it was trained with, ``prompt_names[name]``; one after
-    another in the same engine, with identical sampling settings and seed. Each summary records its ``prompt``."""
+    another in the same engine, with identical sampling settings and seed, each with a progress bar labelled by its
+    name. Each summary records its ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -190,7 +195,7 @@ def evaluate_checkpoints(
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)
         del model
-        result = evaluate(engine, examples, prompt_names[name], full, seed=seed)
+        result = evaluate(engine, examples, prompt_names[name], full, seed=seed, progress=name)
         results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
     return results
 

@@ -702,6 +702,12 @@ def resume(
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
+def step_progress(first: int, total: int, enabled: bool) -> tqdm:
+    """The bar over GRPO steps ``first`` .. ``total - 1``, drawn as ``first``/``total`` at the start: after a resume
+    tqdm's rate, and so its ETA, counts only the steps this run takes."""
+    return tqdm(range(first, total), desc="grpo", unit="step", initial=first, total=total, disable=not enabled)
+
+
 def run_grpo(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -766,13 +772,7 @@ def run_grpo(
                 examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
             live.sync()
 
-        progress = tqdm(
-            range(state.step, config.n_grpo_steps),
-            desc="grpo",
-            unit="step",
-            initial=state.step,
-            disable=not ranks.is_main,
-        )
+        progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
         for step in progress:
             if step % config.eval_every == 0:
                 evaluate_and_log(step)

