@@ -113,7 +113,8 @@ def test_set_params_words_keep_strings_strings_and_refuse_what_a_shell_would_spl
 
 
 def test_help_shows_apply_as_a_flag_and_the_readme_forms():
-    result = subprocess.run([*PRESETS, "--help"], capture_output=True, text=True, check=True)
+    wide = {**os.environ, "COLUMNS": "120"}  # argparse wraps the usage line to the terminal's width
+    result = subprocess.run([*PRESETS, "--help"], capture_output=True, text=True, check=True, env=wide)
     assert "usage: python -m reasonrl.presets [-h] [--params PARAMS] [--apply] name" in result.stdout
     assert "--apply PARAMS" not in result.stdout
     assert "dvc exp run $(python -m reasonrl.presets cpu)" in result.stdout
