@@ -68,19 +68,25 @@ def test_two_experiments_then_metrics_diff_and_ablation_table(repo):
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
 
 
-def test_a_prompt_edit_makes_every_stage_that_samples_with_it_stale(repo):
-    """The prompt templates are package data every sampling stage reads: editing one must show up in `dvc status`."""
+def test_a_prompt_edit_makes_exactly_the_stages_that_read_it_stale(repo):
+    """A template is read by name at run time, by the stages that sample with it and by the tiny tokenizer's
+    prepare_model: an edit makes those stale in `dvc status`, and no other (not download, not the report)."""
     clone, env = repo
     run(["dvc", "repro"], clone, env)
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
-    prompt = clone / "src/reasonrl/prompts/r1_zero.prompt"
-    original = prompt.read_text()
-    try:
-        prompt.write_text(original.replace("Assistant", "Assistant (briefly)", 1))
-        stale = set(json.loads(run(["dvc", "status", "--json"], clone, env)))
-    finally:
-        prompt.write_text(original)
-    assert stale >= {"baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"}, stale
+    readers = {  # with grpo.prompt: r1_zero, as the CPU preset has it
+        "r1_zero": {"prepare_model", "baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"},
+        "question_only": {"prepare_model", "baseline"},
+    }
+    for name, expected in readers.items():
+        prompt = clone / f"src/reasonrl/prompts/{name}.prompt"
+        original = prompt.read_text()
+        try:
+            prompt.write_text(f"Be brief. {original}")
+            stale = set(json.loads(run(["dvc", "status", "--json"], clone, env)))
+        finally:
+            prompt.write_text(original)
+        assert stale == expected, (name, stale)
 
 
 def test_a_stage_depends_on_the_model_it_starts_from_only(repo):
@@ -154,3 +160,36 @@ def test_grpo_on_two_ranks_is_an_experiment_like_any_other(repo):
     final = json.loads((clone / "reports/final/metrics.json").read_text())
     assert final["grpo"]["n"] == 24 and 0 <= final["grpo"]["accuracy"] <= 1
     assert not list((clone / "models/grpo_checkpoints").iterdir())  # a completed run removes its checkpoints
+
+
+REPORT_EDIT = """
+
+_render_markdown = render_markdown
+
+
+def render_markdown(*args, **kwargs):
+    return _render_markdown(*args, **kwargs) + "A queued edit.\\n"
+"""
+
+
+def test_a_queued_experiment_runs_the_code_it_records(repo):
+    """``dvc exp run --queue`` records the workspace, code included, and the queue runs it later in a copy of the
+    repository. Edit the report's code, queue, revert, run the queue: the experiment's report holds the edit (its
+    stages import the copy's package, not the live checkout's), and only the report reran (GRPO's checkpoints are
+    no output that a fresh copy could miss)."""
+    clone, env = repo
+    run(["dvc", "exp", "apply", "reference"], clone, env)  # not the two-ranks run the test before left
+    run(["git", "add", "-A"], clone, env)
+    run(["git", "commit", "-qm", "reference results"], clone, env)  # the queue's copies check the outputs out
+    assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
+    module = clone / "src/reasonrl/report/document.py"
+    original = module.read_text()
+    module.write_text(original + REPORT_EDIT)
+    run(["dvc", "exp", "run", "--queue", "--name", "queued-edit"], clone, env)
+    module.write_text(original)
+    run(["dvc", "exp", "run", "--run-all"], clone, env)  # starts a worker, follows the queue until it is done
+    log = run(["dvc", "queue", "logs", "queued-edit"], clone, env)
+    assert [line for line in log.splitlines() if line.startswith("Running stage")] == ["Running stage 'report':"], log
+    run(["dvc", "exp", "apply", "queued-edit"], clone, env)
+    assert "A queued edit." in (clone / "reports/report.md").read_text()
+    assert module.read_text() == original + REPORT_EDIT  # the experiment records the code it ran

@@ -1,11 +1,11 @@
 """The code a stage runs is the code dvc.yaml says it depends on, and the package's layers import downwards only.
 
 Each stage script's import closure inside ``reasonrl`` (every ``import`` at any depth, function-level ones included;
-``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, a package with data files
-(the prompt templates) by its whole directory. The import graph has no cycle, and the params schema, the CLI's error
-handling and the ``download`` stage load neither torch, transformers nor vLLM. The closure is
-:mod:`reasonrl.code_deps`'s, which a GRPO checkpoint's fingerprint hashes: an edit to that code, and only to it,
-changes the digest."""
+``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, and its prompt template
+deps are the templates it reads, no more (a template edit reruns exactly those stages). Every command imports the
+package from the tree it runs in. The import graph has no cycle, and the params schema, the CLI's error handling and
+the ``download`` stage load neither torch, transformers nor vLLM. The closure is :mod:`reasonrl.code_deps`'s, which
+a GRPO checkpoint's fingerprint hashes: an edit to that code, and only to it, changes the digest."""
 
 import shutil
 import subprocess
@@ -21,27 +21,37 @@ from reasonrl.code_deps import (
     code_digest,
     code_files,
     import_closure,
-    module_path,
     runtime_imports,
     source_file,
 )
-from reasonrl.pipeline import read_pipeline
+from reasonrl.pipeline import CODE_FROM_TREE, PipelineError, read_pipeline
+from reasonrl.presets import apply_to_file
+from reasonrl.prompts import PROMPT_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "vllm")
-
-
-def required_deps(module: str) -> str:
-    """The dep that covers ``module``: its file, or for a package that ships data files, its directory."""
-    path = module_path(module)
-    if path.is_dir() and any(p.suffix != ".py" for p in path.iterdir() if p.is_file()):
-        return path.relative_to(REPO).as_posix()
-    return source_file(module).relative_to(REPO).as_posix()
+TEMPLATES = SOURCE / "reasonrl/prompts"
 
 
 def uncovered(deps: tuple[str, ...], script: Path) -> list[str]:
-    needed = {required_deps(module) for module in import_closure(script)}
+    needed = {source_file(module).relative_to(REPO).as_posix() for module in import_closure(script)}
     return sorted(path for path in needed if not any(path == d or path.startswith(f"{d}/") for d in deps))
+
+
+def templates_read(stage: str, params: dict) -> set[str]:
+    """The prompt templates a stage reads by name at run time, which no import shows: baseline all of
+    ``baseline.prompts`` (a list DVC cannot template into deps, so it depends on every template), the tiny tokenizer
+    of prepare_model every template (reasonrl.models.tokenizer_corpus), the r1_zero routes r1_zero, GRPO its
+    ``grpo.prompt``, and the final evaluation both kinds."""
+    return {
+        "prepare_model": set(PROMPT_NAMES),
+        "baseline": set(PROMPT_NAMES),
+        "filter_cots": {"r1_zero"},
+        "sft": {"r1_zero"},  # its validation
+        "expert_iteration": {"r1_zero"},
+        "grpo": {params["grpo"]["prompt"]},
+        "final_eval": {"r1_zero", params["grpo"]["prompt"]},
+    }.get(stage, set())
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +69,56 @@ def test_every_stage_depends_on_the_code_it_imports(stages):
     assert not gaps, f"dvc.yaml stages miss code they import: {gaps}"
 
 
-def test_a_missing_module_or_prompt_dir_is_found(stages):
+def test_a_missing_module_is_found(stages):
     grpo = stages["grpo"]
     script = REPO / "stages/grpo.py"
     assert uncovered(grpo.deps, script) == []
-    without = tuple(d for d in grpo.deps if d not in ("src/reasonrl/config.py", "src/reasonrl/prompts"))
-    assert uncovered(without, script) == ["src/reasonrl/config.py", "src/reasonrl/prompts"]
+    without = tuple(d for d in grpo.deps if d not in ("src/reasonrl/config.py", "src/reasonrl/prompts/__init__.py"))
+    assert uncovered(without, script) == ["src/reasonrl/config.py", "src/reasonrl/prompts/__init__.py"]
+
+
+@pytest.mark.parametrize("grpo_prompt", PROMPT_NAMES)
+def test_each_stage_depends_on_the_templates_it_reads_only(tmp_path, full_scale_params, grpo_prompt):
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(full_scale_params)
+    apply_to_file({"grpo.prompt": grpo_prompt}, params_file)
+    params = yaml.safe_load(params_file.read_text())
+    for name, stage in read_pipeline(REPO / "dvc.yaml", params).items():
+        templates = {Path(dep).stem for dep in stage.deps if dep.endswith(".prompt")}
+        assert templates == templates_read(name, params), name
+        for dep in stage.deps:  # a directory would bring every template (the whole prompts package) back
+            assert not (REPO / dep).is_dir() or not list((REPO / dep).rglob("*.prompt")), (name, dep)
+        for template in templates:
+            assert (TEMPLATES / f"{template}.prompt").is_file(), (name, template)
+
+
+def test_a_command_that_imports_the_installed_package_is_refused(tmp_path):
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"x": {"cmd": "python x.py", "outs": ["x.txt"]}}}))
+    with pytest.raises(PipelineError, match=r"dvc.yaml: stage x's cmd must start with 'PYTHONPATH=src '"):
+        read_pipeline(tmp_path / "dvc.yaml", {})
+
+
+PROBE = """
+import os, sys
+from pathlib import Path
+import reasonrl.code_deps
+Path(sys.argv[1], os.environ.get("RANK", "alone")).write_text(f"{reasonrl.code_deps.SOURCE}\\n{reasonrl.__file__}")
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_stage_command_imports_the_package_of_the_tree_it_runs_in(tree, tmp_path_factory, ranks):
+    """As DVC runs a queued experiment in a copy of the repository: the launcher, each torchrun rank and the script
+    import the copy's reasonrl, whose code_deps.SOURCE (the code GRPO's checkpoint fingerprint hashes) is the
+    copy's src/ too; not the package installed from this checkout."""
+    (tree / "probe.py").write_text(PROBE)
+    seen = tmp_path_factory.mktemp("seen")
+    command = f"{CODE_FROM_TREE}{sys.executable} -m reasonrl.launch --nproc-per-node {ranks} probe.py {seen}"
+    subprocess.run(command, shell=True, cwd=tree, check=True, capture_output=True)
+    expected = f"{tree / 'src'}\n{tree / 'src/reasonrl/__init__.py'}"
+    assert {path.name: path.read_text() for path in seen.iterdir()} == (
+        {"alone": expected} if ranks == 1 else {"0": expected, "1": expected}
+    )
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """The code a stage runs: its script, the ``reasonrl`` modules it imports at any depth (function-level imports
 included; ``if TYPE_CHECKING:`` blocks excluded, they never run) and the data files of the packages among them (the
-prompt templates). dvc.yaml's deps must cover it (tests/test_code_deps.py); a GRPO checkpoint's fingerprint hashes
-it, so a code or prompt edit is never resumed from a checkpoint the old code made."""
+prompt templates). dvc.yaml's deps must cover the modules, and list the templates the stage reads by name
+(tests/test_code_deps.py). A GRPO checkpoint's fingerprint hashes all of it, every template included (the one GRPO
+reads is a param; an edit to another only forgoes a resume), so a code or prompt edit is never resumed from a
+checkpoint the old code made."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import hashlib
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1]
-"""The directory that holds the ``reasonrl`` package the running process imported (``src/`` of this repository)."""
+"""The directory that holds the ``reasonrl`` package the running process imported: a stage's own ``src/`` (its
+command starts with ``PYTHONPATH=src``, reasonrl.pipeline.CODE_FROM_TREE)."""
 STAGES = SOURCE.parent / "stages"
 
 

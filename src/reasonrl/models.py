@@ -114,7 +114,9 @@ def model_digest(path: str | Path) -> str:
 
 
 def tokenizer_corpus(examples: list[GSM8KExample]) -> list[str]:
-    """Text a tiny tokenizer learns from: the prompts and the worked solutions it will see."""
+    """Text a tiny tokenizer learns from: the prompts and the worked solutions it will see. Without the templates'
+    words an r1_zero prompt is about 3x the tokens (367 vs 117 on the CPU preset's data), hence prepare_model
+    depends on the template files."""
     templates = [load_prompt(name) for name in PROMPT_NAMES]
     return templates + [f"{example.question}\n{example.reasoning}\n{example.answer}" for example in examples]
 

@@ -5,6 +5,7 @@ the same inputs and outputs and cannot drift apart. Only the subset of DVC's syn
 stage's ``cmd``, ``deps``, ``params``, ``outs`` (with ``persist``) and ``metrics``, and ``${dotted.param}``
 interpolation from ``params.yaml`` (DVC's templating) in the paths. A ``cmd`` that interpolates is refused: both runners
 hand the command to a shell, which would run a param's value (``r1_zero; rm -rf ~``) before any stage validates it.
+So is a ``cmd`` that does not start with :data:`CODE_FROM_TREE`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from typing import Any
 import yaml
 
 _INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z0-9_.]+)\s*\}")
+CODE_FROM_TREE = "PYTHONPATH=src "
+"""How every stage command starts: Python then imports ``reasonrl`` from the ``src/`` of the tree the runner runs the
+command in (a queued or ``--temp`` DVC experiment's copy), ahead of the installed package, which under an editable
+install is the live checkout's and may hold other code than the experiment records. Set in the command, it reaches
+every process the stage starts (the launcher's torchrun ranks)."""
 
 
 class PipelineError(ValueError):
@@ -88,6 +94,11 @@ def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Sta
         for entry in stage.get("params", []):
             key, _ = _path_and_options(entry)
             declared_params[key] = params if key == "params.yaml" else lookup(params, key)
+        if not stage["cmd"].startswith(CODE_FROM_TREE):
+            raise PipelineError(
+                f"{dvc_yaml}: stage {name}'s cmd must start with {CODE_FROM_TREE!r}, else it imports reasonrl from "
+                f"the installed package (the live checkout, under an editable install) instead of the tree it runs in"
+            )
         stages[name] = Stage(
             cmd=" ".join(stage["cmd"].split()),
             deps=tuple(interpolate(dep, params) for dep in stage.get("deps", [])),
