@@ -553,7 +553,7 @@ def fingerprint(
 
 def remove_checkpoints(directory: Path) -> None:
     """Delete the resumable checkpoints of a completed run (once its outputs are saved): a later run with the same
-    inputs then starts afresh instead of resuming a finished one. The directory itself stays, empty (a DVC output)."""
+    inputs then starts afresh instead of resuming a finished one. The directory itself stays, empty."""
     directory.mkdir(parents=True, exist_ok=True)
     for checkpoint in directory.glob(f"{CHECKPOINT_PREFIX}*"):
         shutil.rmtree(checkpoint)
