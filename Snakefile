@@ -5,6 +5,8 @@
 #   snakemake --cores 2                        locally (e.g. on the CPU preset)
 #   snakemake --cores all --resources gpu=2    a 2-GPU workstation
 #   snakemake --profile profiles/slurm         SLURM (see profiles/slurm/config.yaml)
+from pathlib import Path
+
 from snakemake.common.configfile import load_configfile
 from snakemake.exceptions import WorkflowError
 
@@ -15,14 +17,42 @@ from reasonrl.pipeline import read_pipeline
 configfile: "params.yaml"
 
 
-# The stage scripts read params.yaml themselves, so `--config`/`--configfile` would change Snakemake's rerun
-# decisions but not the run. Edit params.yaml instead (or apply a preset: `python -m reasonrl.presets cpu --apply`).
-if config != load_configfile("params.yaml"):
-    raise WorkflowError("params.yaml is the only config: drop --config/--configfile and edit params.yaml instead")
+def changed_keys(given, written, prefix=""):
+    """The dotted keys whose values differ between two params trees."""
+    if not (isinstance(given, dict) and isinstance(written, dict)):
+        return [prefix.rstrip(".")] if given != written else []
+    keys = sorted(set(given) | set(written), key=str)
+    return [k for key in keys for k in changed_keys(given.get(key), written.get(key), f"{prefix}{key}.")]
+
+
+# The stage scripts read params.yaml themselves (`--params params.yaml` in each command), so `--config` or
+# `--configfile` would change Snakemake's rerun decisions but not what the stages compute. Writing them into
+# params.yaml from here would make even a dry run edit the workspace, and Snakemake's --config cannot name a
+# dotted key and reads nested values as strings.
+OVERRIDDEN = changed_keys(config, load_configfile("params.yaml"))
+if OVERRIDDEN:
+    raise WorkflowError(
+        f"--config/--configfile set {', '.join(OVERRIDDEN)}, which the stages would not see: they read params.yaml. "
+        "Set the values in params.yaml (by hand, or a preset: python -m reasonrl.presets NAME --apply), then run "
+        "snakemake; for a variant beside this run, do that in a git worktree of its own (README: Snakemake and SLURM)"
+    )
 if config["rollout"]["layout"] not in LAYOUT_GPUS:
     raise WorkflowError(f"params.yaml: rollout.layout must be one of {sorted(LAYOUT_GPUS)}")
 
 STAGES = read_pipeline("dvc.yaml", config)
+PRODUCED = {out for stage in STAGES.values() for out in stage.outs}
+
+
+def input_files(dep):
+    """A directory of the source tree as its files: Snakemake compares a directory input by the directory's own
+    mtime, which an in-place edit of a file inside leaves alone (and a new file or a checkout changes, rerunning
+    every rule that reads any of it). Bytecode caches are no input: Python writes them as a stage runs, and
+    .dvcignore keeps them out of DVC's hash of the directory too. A stage's directory output stays one input."""
+    if dep in PRODUCED or not Path(dep).is_dir():
+        return [dep]
+    return sorted(str(path) for path in Path(dep).rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+
+
 # A distributed grpo (params: distributed) holds a GPU per rank (colocate; none on the cpu layout) on each of
 # distributed.nnodes nodes. Several nodes: one SLURM job of --nodes=M with gres gpu:N per node, in which
 # `python -m reasonrl.launch` starts a torchrun agent per node through srun.
@@ -60,6 +90,8 @@ localrules:
     report,
 
 
+# GRPO's resumable checkpoints (models/grpo_checkpoints) are no output of dvc.yaml, so of no rule here: Snakemake
+# deletes a failed job's outputs, and a retried or rerun grpo resumes from them.
 for stage_name, stage in STAGES.items():
     is_model_stage = stage_name in MODEL_STAGE_RUNTIME
 
@@ -67,15 +99,13 @@ for stage_name, stage in STAGES.items():
         name:
             stage_name
         input:
-            stage.deps,
+            [path for dep in stage.deps for path in input_files(dep)],
         output:
             [directory(out) if out in stage.directories else out for out in stage.outs],
         params:
-            # Snakemake reruns a rule when these change. `kept` (resumable GRPO checkpoints) is no output:
-            # Snakemake deletes a failed job's outputs, and a rerun or retry resumes from them. The command is a
-            # param because the shell directive runs after this loop, when `stage` is the last stage.
+            # Snakemake reruns a rule when these change. The command is a param because the shell directive runs
+            # after this loop, when `stage` is the last stage.
             **{key.replace(".", "_"): value for key, value in stage.params.items()},
-            kept=stage.kept,
             cmd=stage.cmd,
         log:
             f"logs/{stage_name}.log",

@@ -2,6 +2,7 @@
 inputs, outputs, params, templated init models); `snakemake --lint` is clean; a real `snakemake --cores 2` runs
 the tiny pipeline end to end and then has nothing left to do."""
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -39,7 +40,7 @@ def workflow_copy(tmp_path: Path, full_scale_params: str):
     workspace's) a directory of their own, beside links to the code the stages depend on."""
 
     def make(overrides: dict | None = None) -> Path:
-        for name in ("Snakefile", "dvc.yaml"):
+        for name in ("Snakefile", "dvc.yaml", ".dvcignore"):
             shutil.copy2(REPO / name, tmp_path / name)
         (tmp_path / "params.yaml").write_text(full_scale_params, encoding="utf-8")
         apply_to_file(overrides or {}, tmp_path / "params.yaml")
@@ -67,12 +68,21 @@ def snakemake_jobs(workdir: Path, config: dict | None = None) -> dict:
 
 
 def dvc_resolved(workdir: Path) -> dict[str, dict]:
-    """Each stage as DVC itself resolves dvc.yaml (templating included): command, file deps, outs, params."""
+    """Each stage as DVC itself resolves dvc.yaml (templating included): command, file deps, outs, params. A
+    directory of the source tree (a dep no stage outputs) counts as the files DVC hashes in it (.dvcignore
+    applied)."""
     with Repo(str(workdir), uninitialized=True) as repo:
+        produced = {out.def_path for stage in repo.index.stages for out in stage.outs}
+
+        def files(dep: str) -> set[str]:
+            if dep in produced or not (workdir / dep).is_dir():
+                return {dep}
+            return {str(Path(path).relative_to(workdir)) for path in repo.dvcignore.find(repo.fs, str(workdir / dep))}
+
         return {
             stage.name: {
                 "cmd": " ".join(stage.cmd.split()),
-                "deps": {d.def_path for d in stage.deps if not isinstance(d, ParamsDependency)},
+                "deps": {f for d in stage.deps if not isinstance(d, ParamsDependency) for f in files(d.def_path)},
                 "outs": {o.def_path for o in stage.outs if not o.persist},
                 "params": {key for d in stage.deps if isinstance(d, ParamsDependency) for key in d.params},
             }
@@ -88,7 +98,7 @@ def rule_view(job) -> dict:
         "cmd": cmd,
         "deps": set(map(str, job.input)),
         "outs": set(map(str, job.output)),
-        "params": set(job.params.keys()) - {"kept", "cmd"},
+        "params": set(job.params.keys()) - {"cmd"},
     }
 
 
@@ -158,10 +168,26 @@ def test_a_distributed_grpo_asks_for_a_gpu_per_rank_on_each_node(
     assert jobs["sft"].resources.get("gpu") == LAYOUT_GPUS[layout] and jobs["sft"].resources.get("nodes") is None
 
 
-def test_grpo_checkpoints_are_kept_not_outputs(workflow_copy):
-    grpo = snakemake_jobs(workflow_copy())["grpo"]
-    assert "models/grpo_checkpoints" not in set(map(str, grpo.output))
-    assert list(grpo.params.kept) == ["models/grpo_checkpoints"]
+def test_grpo_checkpoints_are_no_output(workflow_copy):
+    # Snakemake deletes a failed job's outputs: a retried or rerun grpo must find its checkpoints to resume from.
+    jobs = snakemake_jobs(workflow_copy())
+    assert "--checkpoints models/grpo_checkpoints" in jobs["grpo"].params.cmd
+    assert not [out for job in jobs.values() for out in job.output if str(out).startswith("models/grpo_checkpoints")]
+
+
+def test_source_directories_are_inputs_file_by_file(workflow_copy):
+    workdir = workflow_copy()
+    (workdir / "src").unlink()
+    shutil.copytree(REPO / "src", workdir / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    # What Python writes as a stage imports the package: no input, for Snakemake as for DVC.
+    (workdir / "src/reasonrl/report/__pycache__").mkdir()
+    (workdir / "src/reasonrl/report/__pycache__/tables.cpython-311.pyc").write_bytes(b"bytecode")
+    report_inputs = set(map(str, snakemake_jobs(workdir)["report"].input))
+    assert report_inputs == dvc_resolved(workdir)["report"]["deps"]
+    package = {str(path.relative_to(workdir)) for path in (workdir / "src/reasonrl/report").glob("*.py")}
+    assert package <= report_inputs and "src/reasonrl/report" not in report_inputs
+    assert not {path for path in report_inputs if "__pycache__" in path}
+    assert "reports/grpo/live" in report_inputs  # another stage's directory output stays one input
 
 
 def test_an_unknown_templated_param_is_an_error(tmp_path):
@@ -186,10 +212,12 @@ def test_a_command_that_templates_a_param_is_refused(tmp_path):
         read_pipeline(tmp_path / "dvc.yaml", {"grpo": {"prompt": "r1_zero; echo INJECTED > /tmp/x; #"}})
 
 
-def test_config_overrides_are_refused(workflow_copy):
+def test_config_overrides_are_refused_by_name(workflow_copy):
     # The stage scripts read params.yaml, so an override would change Snakemake's rerun decisions but not the run.
-    with pytest.raises(WorkflowError, match="params.yaml is the only config"):
-        snakemake_jobs(workflow_copy(), config={"eval": {"temperature": 0.5}})
+    workdir = workflow_copy()
+    with pytest.raises(WorkflowError, match=r"set eval.temperature, grpo.loss_type, which the stages would not see"):
+        snakemake_jobs(workdir, config={"grpo": {"loss_type": "no_baseline"}, "eval": {"temperature": 0.5}})
+    assert snakemake_jobs(workdir, config={"eval": {"temperature": 1.0}})  # params.yaml's own value
 
 
 def test_lint_is_clean():
@@ -219,4 +247,36 @@ def test_snakemake_runs_the_tiny_pipeline_to_the_report(tmp_path):
     headline = json.loads((clone / "reports/headline.json").read_text())
     assert headline["test_accuracy"] == {route: final[route]["accuracy"] for route in ("base", "sft", "ei", "grpo")}
     assert not list((clone / "models/grpo_checkpoints").glob("step-*"))  # a completed run keeps none
-    assert "Nothing to be done" in run([sys.executable, "-m", "snakemake", "--cores", "2", "-n"], clone, env)
+    assert planned_rules(clone, env) == set()
+
+    # An in-place edit of a file in a source directory reruns the rules that read it, and only those.
+    tables = clone / "src/reasonrl/report/tables.py"
+    tables_text = tables.read_text()
+    tables.write_text(tables_text + "# edited in place\n")
+    assert planned_rules(clone, env) == {"report", "all"}
+    params = clone / "params.yaml"
+    params_text = params.read_text()
+    apply_to_file({"grpo.eval_every": 2}, params)
+    assert planned_rules(clone, env) == {"grpo", "final_eval", "report", "all"}
+    tables.write_text(tables_text)
+    params.write_text(params_text)
+
+    # DVC takes over what Snakemake ran: `dvc commit -f` writes the dvc.lock a Snakemake run leaves absent...
+    assert not (clone / "dvc.lock").exists()
+    run([sys.executable, "-m", "dvc", "commit", "-f"], clone, env)
+    assert "Data and pipelines are up to date." in run([sys.executable, "-m", "dvc", "status"], clone, env)
+    # ... with the hashes of the outputs alone, as `dvc repro` records them: Snakemake's markers are not hashed.
+    markers = [path for path in clone.rglob(".snakemake_timestamp") if ".snakemake" not in path.parent.parts]
+    assert clone / "data/gsm8k/.snakemake_timestamp" in markers
+    for marker in markers:
+        marker.unlink()
+    assert "Data and pipelines are up to date." in run([sys.executable, "-m", "dvc", "status"], clone, env)
+
+
+def planned_rules(workdir: Path, env: dict[str, str]) -> set[str]:
+    """The rules a dry run of `snakemake` would run, from its job stats table."""
+    output = run([sys.executable, "-m", "snakemake", "--cores", "2", "-n"], workdir, env)
+    if "Nothing to be done" in output:
+        return set()
+    table = output.split("Job stats:", 1)[1].splitlines()[3:]  # after the header and its rule
+    return {line.split()[0] for line in itertools.takewhile(lambda line: not line.startswith("total"), table)}
