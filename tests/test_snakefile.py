@@ -83,7 +83,7 @@ def dvc_resolved(workdir: Path) -> dict[str, dict]:
             stage.name: {
                 "cmd": " ".join(stage.cmd.split()),
                 "deps": {f for d in stage.deps if not isinstance(d, ParamsDependency) for f in files(d.def_path)},
-                "outs": {o.def_path for o in stage.outs if not o.persist},
+                "outs": {o.def_path for o in stage.outs},
                 "params": {key for d in stage.deps if isinstance(d, ParamsDependency) for key in d.params},
             }
             for stage in repo.index.stages
@@ -210,6 +210,14 @@ def test_a_command_that_templates_a_param_is_refused(tmp_path):
     )
     with pytest.raises(PipelineError, match=r"stage x's cmd interpolates \$\{grpo.prompt\}, which a shell would run"):
         read_pipeline(tmp_path / "dvc.yaml", {"grpo": {"prompt": "r1_zero; echo INJECTED > /tmp/x; #"}})
+
+
+def test_a_persisted_output_is_refused(tmp_path):
+    """Resumable state (GRPO's checkpoints) is no output: Snakemake would delete it with a failed job's outputs."""
+    stage = {"cmd": "PYTHONPATH=src python x.py", "outs": [{"state": {"persist": True}}]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"x": stage}}))
+    with pytest.raises(PipelineError, match="stage x persists state; keep resumable state out of outs"):
+        read_pipeline(tmp_path / "dvc.yaml", {})
 
 
 def test_config_overrides_are_refused_by_name(workflow_copy):

@@ -2,7 +2,7 @@
 
 The Snakefile builds one rule per stage from :func:`read_pipeline`, so both runners execute the same commands on
 the same inputs and outputs and cannot drift apart. Only the subset of DVC's syntax this project uses is read: a
-stage's ``cmd``, ``deps``, ``params``, ``outs`` (with ``persist``) and ``metrics``, and ``${dotted.param}``
+stage's ``cmd``, ``deps``, ``params``, ``outs`` and ``metrics``, and ``${dotted.param}``
 interpolation from ``params.yaml`` (DVC's templating) in the paths. A ``cmd`` that interpolates is refused: both runners
 hand the command to a shell, which would run a param's value (``r1_zero; rm -rf ~``) before any stage validates it.
 So is a ``cmd`` that does not start with :data:`CODE_FROM_TREE`.
@@ -38,8 +38,6 @@ class Stage:
     deps: tuple[str, ...]
     outs: tuple[str, ...]
     """Outputs, metrics included; a path without a file extension is a directory (true of every output here)."""
-    kept: tuple[str, ...]
-    """``persist: true`` outputs: resumable state that a runner must not delete when the stage fails."""
     params: dict[str, Any]
     """Each declared param (a section, a dotted key, or ``params.yaml`` for the whole file) → its value."""
 
@@ -86,10 +84,13 @@ def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Sta
                 f"{dvc_yaml}: stage {name}'s cmd interpolates {templated.group(0)}, which a shell would run; let the "
                 f"script read it from params.yaml"
             )
-        outs, kept = [], []
+        outs = []
         for entry in stage.get("outs", []) + stage.get("metrics", []):
             path, options = _path_and_options(entry)
-            (kept if options.get("persist") else outs).append(interpolate(path, params))
+            if options.get("persist"):
+                # Snakemake deletes a failed job's outputs: resumable state must be no output of either runner.
+                raise PipelineError(f"{dvc_yaml}: stage {name} persists {path}; keep resumable state out of outs")
+            outs.append(interpolate(path, params))
         declared_params = {}
         for entry in stage.get("params", []):
             key, _ = _path_and_options(entry)
@@ -103,7 +104,6 @@ def read_pipeline(dvc_yaml: str | Path, params: dict[str, Any]) -> dict[str, Sta
             cmd=" ".join(stage["cmd"].split()),
             deps=tuple(interpolate(dep, params) for dep in stage.get("deps", [])),
             outs=tuple(outs),
-            kept=tuple(kept),
             params=declared_params,
         )
     return stages
