@@ -1,13 +1,11 @@
-"""The report stage: numbers in the tables, figures as real PNGs, a self-contained HTML page, the ablation table
-from a real ``dvc exp run`` in a throwaway repository, and clear errors for missing inputs."""
+"""The report stage: numbers in the tables, figures as real PNGs, a self-contained HTML page, the same report
+whatever experiment runs it (a function of its deps), and clear errors for missing inputs."""
 
 import base64
 import json
-import os
 import re
 import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +16,6 @@ from reasonrl.cli import open_live
 from reasonrl.evaluation import paired_comparison, summarize
 from reasonrl.report import ReportInputs, build_report, paired_sentences
 from reasonrl.report.document import render_html, render_markdown
-from reasonrl.report.experiments import CurrentRun, Experiment, ablation_rows, parse_exp_show
 from reasonrl.report.headline import headline_metrics
 from reasonrl.report.inputs import (
     ROUTES,
@@ -159,7 +156,7 @@ def reports_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def report_params_file(tmp_path) -> Path:
-    """Just the params the ablation table compares (the conftest's ``params_file`` is the full config)."""
+    """Just a few params (the conftest's ``params_file`` is the full config)."""
     path = tmp_path / "params.yaml"
     path.write_text("grpo:\n  learning_rate: 1.0e-5\n  loss_type: reinforce_with_baseline\n", encoding="utf-8")
     return path
@@ -189,7 +186,7 @@ def accuracy_cell(correct: int, n: int) -> str:
 
 
 def test_report_tables_figures_and_html(reports_dir, report_params_file):
-    report = build_report(ReportInputs(reports_dir, report_params_file, repo_root=None))
+    report = build_report(ReportInputs(reports_dir, report_params_file))
     markdown = render_markdown(report.blocks, "figures")
     page = render_html(report.blocks, report.figures)
 
@@ -229,7 +226,6 @@ def test_report_tables_figures_and_html(reports_dir, report_params_file):
     assert "### GRPO step 2" not in markdown
     assert "step 6 #0 &lt;answer&gt; 5 &lt;/answer&gt; &amp; ```" in page
     assert "````text\nstep 6 #0 <answer> 5 </answer> & ```\n````" in markdown
-    assert "No experiments" in markdown
 
     # Grader cross-check: agreement per route from the metrics, every disagreement listed (none over the cap).
     assert "## Grader cross-check (math-verify)" in markdown
@@ -290,10 +286,12 @@ def test_missing_final_metrics_names_the_file(tmp_path, report_params_file):
         build_report(ReportInputs(tmp_path, report_params_file))
 
 
-def run_stage_script(monkeypatch, cwd: Path, *args: str) -> None:
+def run_stage_script(monkeypatch, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
     monkeypatch.chdir(cwd)
-    monkeypatch.delenv("DVC_ROOT", raising=False)
-    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    for name in ("DVC_ROOT", "DVC_EXP_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "argv", ["stages/report.py", *args])
     runpy.run_path(str(ROOT / "stages" / "report.py"), run_name="__main__")
 
@@ -302,22 +300,35 @@ STAGE_ARGS = (
     "--reports", "reports", "--out", "reports/report.md", "--html", "reports/report.html",
     "--headline", "reports/headline.json",
 )  # fmt: skip
+OUTPUTS = ("report.md", "report.html", "headline.json", "figures")
 
 
-def test_stage_outside_a_dvc_repository_warns_and_writes_everything(reports_dir, tmp_path, monkeypatch, capsys):
-    shutil.copytree(reports_dir, tmp_path / "reports")
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    run_stage_script(monkeypatch, tmp_path, *STAGE_ARGS, "--figures", "reports/figures")
-    assert re.search(
-        r"warning: no experiments in the report: `dvc exp show --json` in \. failed: .+", capsys.readouterr().err
-    )
-    markdown = (tmp_path / "reports" / "report.md").read_text(encoding="utf-8")
+def outputs(reports: Path) -> dict[str, bytes]:
+    """The stage's outputs, every file's bytes by its path under ``reports``."""
+    files = [reports / name for name in OUTPUTS if (reports / name).is_file()]
+    files += [path for path in sorted((reports / "figures").iterdir())]
+    return {path.relative_to(reports).as_posix(): path.read_bytes() for path in files}
+
+
+def test_stage_writes_everything_and_the_same_whatever_experiment_runs_it(reports_dir, tmp_path, monkeypatch):
+    """The report is a function of its deps: run as a DVC experiment of another name, in another repository, it
+    writes the same bytes (an earlier report listed the repository's experiments, which DVC never refreshed)."""
+    runs = {}
+    for name, env in {"plain": {}, "experiment": {"DVC_EXP_NAME": "q-clip", "DVC_ROOT": str(ROOT)}}.items():
+        shutil.copytree(reports_dir, tmp_path / name / "reports")
+        shutil.copy(ROOT / "params.yaml", tmp_path / name / "params.yaml")
+        run_stage_script(monkeypatch, tmp_path / name, *STAGE_ARGS, "--figures", "reports/figures", env=env)
+        runs[name] = outputs(tmp_path / name / "reports")
+    assert runs["plain"] == runs["experiment"]
+
+    reports = tmp_path / "plain" / "reports"
+    markdown = (reports / "report.md").read_text(encoding="utf-8")
     links = re.findall(r"\]\((figures/[a-z_]+\.png)\)", markdown)
     assert len(links) == 5
     for link in links:
-        assert (tmp_path / "reports" / link).read_bytes().startswith(PNG_MAGIC)
-    assert "data:image/png;base64," in (tmp_path / "reports" / "report.html").read_text(encoding="utf-8")
-    headline = json.loads((tmp_path / "reports" / "headline.json").read_text(encoding="utf-8"))
+        assert (reports / link).read_bytes().startswith(PNG_MAGIC)
+    assert "data:image/png;base64," in (reports / "report.html").read_text(encoding="utf-8")
+    headline = json.loads((reports / "headline.json").read_text(encoding="utf-8"))
     assert headline == headline_metrics(reports_dir) and headline["test_accuracy"]["grpo"] == 0.6
 
 
@@ -327,93 +338,6 @@ def test_stage_without_final_metrics_exits_with_the_file_name(tmp_path, monkeypa
         run_stage_script(monkeypatch, tmp_path, *STAGE_ARGS, "--figures", "reports/figures")
     assert exit_info.value.code == 2
     assert "error: reports/final/metrics.json: missing" in capsys.readouterr().err
-
-
-# ---------------------------------------------------------------------------------------- ablation from real DVC
-# A one-stage pipeline whose command writes the metric files from params.yaml and then runs `dvc exp show --json`
-# (the command `run_exp_show` runs) from inside the stage, as the report stage does under `dvc exp run`; only in
-# the second experiment, to save time.
-EXP_DVC_YAML = """\
-stages:
-  run:
-    cmd: >-
-      {python} -c "import json, os, yaml; p = yaml.safe_load(open('params.yaml'));
-      os.makedirs('reports/final', exist_ok=True); os.makedirs('reports/grpo', exist_ok=True);
-      json.dump({{'grpo': {{'accuracy': p['grpo']['learning_rate'] * 1000}}}}, open('reports/final/metrics.json', 'w'));
-      json.dump({{'best_val_accuracy': p['grpo']['learning_rate'] * 2000}}, open('reports/grpo/metrics.json', 'w'))"
-      && if [ "$DVC_EXP_NAME" = lr3 ]; then {python} -m dvc exp show --json; else echo []; fi > show.json
-    params: [grpo]
-    outs: [show.json]
-    metrics: [reports/final/metrics.json, reports/grpo/metrics.json]
-"""
-
-
-def test_ablation_rows_from_dvc_exp_show_inside_a_running_experiment(tmp_path, monkeypatch):
-    """Two experiments: the table seen from inside the second lists the baseline commit, the first experiment
-    (done) and the second once, as the current run, with the params each changed."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    for name in ("DVC_ROOT", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_STAGE"):
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*command: str) -> None:
-        subprocess.run(command, cwd=repo, check=True, capture_output=True, timeout=120)
-
-    run("git", "init", "-q", "-b", "main")
-    run(sys.executable, "-m", "dvc", "init", "-q")
-    (repo / "params.yaml").write_text("grpo:\n  learning_rate: 0.0001\n  loss_type: grpo_clip\n")
-    (repo / "dvc.yaml").write_text(EXP_DVC_YAML.format(python=sys.executable))
-    run("git", "add", "-A")
-    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "pipeline")
-    run(sys.executable, "-m", "dvc", "exp", "run", "-n", "lr2", "-S", "grpo.learning_rate=0.0002")
-    run(
-        sys.executable,
-        "-m",
-        "dvc",
-        "exp",
-        "run",
-        "-n",
-        "lr3",
-        "-S",
-        "grpo.learning_rate=0.0003",
-        "-S",
-        "grpo.loss_type=x",
-    )
-
-    shown = json.loads((repo / "show.json").read_text())
-    experiments = parse_exp_show(shown, "params.yaml", "reports/final/metrics.json", "reports/grpo/metrics.json")
-    current = CurrentRun("lr3", {"grpo.learning_rate": 0.0003, "grpo.loss_type": "x"}, 0.3, 0.6)
-    rows = {row.name: row for row in ablation_rows(experiments, current)}
-    assert list(rows) == ["main", "lr3", "lr2"]
-    assert rows["main"].state == "baseline" and rows["main"].changes == {}
-    assert rows["lr2"].state == "done" and not rows["lr2"].current
-    assert rows["lr2"].changes == {"grpo.learning_rate": (0.0001, 0.0002)}
-    assert (rows["lr2"].test_accuracy, rows["lr2"].best_val_accuracy) == pytest.approx((0.2, 0.4))
-    assert rows["lr3"].current and rows["lr3"].state == "running"
-    assert rows["lr3"].changes == {"grpo.learning_rate": (0.0001, 0.0003), "grpo.loss_type": ("grpo_clip", "x")}
-    assert (rows["lr3"].test_accuracy, rows["lr3"].best_val_accuracy) == (0.3, 0.6)
-
-
-def experiment(name: str, state: str, params: dict, accuracy: float | None, rev: str = "abc1234") -> Experiment:
-    return Experiment(name, rev, state, params, {"grpo.lr": 1e-5, "grpo.loss": "a"}, accuracy, None)
-
-
-def test_current_run_is_merged_into_the_experiment_it_reproduces_else_appended():
-    experiments = [
-        experiment("main", "baseline", {"grpo.lr": 1e-5, "grpo.loss": "a"}, 0.1),
-        experiment("e1", "done", {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3),
-    ]
-    # `dvc repro` after `dvc exp apply e1`: same params, same results → e1 is this run.
-    rows = ablation_rows(experiments, CurrentRun(None, {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3, None))
-    assert [(r.name, r.current) for r in rows] == [("main", False), ("e1", True)]
-    # Params changed by hand: a row of its own, compared with the baseline commit.
-    rows = ablation_rows(experiments, CurrentRun(None, {"grpo.lr": 1e-5, "grpo.loss": "b"}, 0.2, None))
-    assert (rows[-1].name, rows[-1].state, rows[-1].current) == ("workspace", "workspace", True)
-    assert rows[-1].changes == {"grpo.loss": ("a", "b")}
-    # A named experiment that `dvc exp show` did not list (e.g. asked from a temporary copy): appended by name.
-    rows = ablation_rows(experiments, CurrentRun("q9", {"grpo.lr": 3e-5, "grpo.loss": "a"}, 0.3, None))
-    assert [(r.name, r.current) for r in rows] == [("main", False), ("e1", False), ("q9", True)]
 
 
 def test_params_read_as_dvc_writes_them(tmp_path):

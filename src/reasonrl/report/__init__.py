@@ -2,16 +2,16 @@
 
 Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set),
 ``final/grader_crosscheck.json`` (the answers math-verify grades differently from our grader),
-``baseline/metrics.json`` (zero-shot, one summary per prompt), the DVCLive directories ``{sft,ei,grpo}/live``,
-GRPO's example rollouts ``grpo/live/examples/step_*.json`` and ``grpo/metrics.json``; the ablation table comes
-from ``dvc exp show --json``. A missing optional input turns its figure or section into a line saying what is
-missing; a missing required one raises :class:`ReportInputError` naming the file. The same inputs give the headline
-metrics file (``headline``).
+``baseline/metrics.json`` (zero-shot, one summary per prompt), the DVCLive directories ``{sft,ei,grpo}/live``
+and GRPO's example rollouts ``grpo/live/examples/step_*.json``. Only the run's own files, each a dependency of the
+stage: the cached report is a function of them. (Comparing experiments is ``reasonrl.compare``'s, outside the
+pipeline: which experiments exist changes with no dependency changing.) A missing optional input turns its figure
+or section into a line saying what is missing; a missing required one raises :class:`ReportInputError` naming the
+file. The same inputs give the headline metrics file (``headline``).
 
 The document is built once as a list of blocks (:func:`build_report`, this module: one section after another) and
 rendered twice (``document``). The parts: ``inputs`` (reading the stages' files), ``tables`` (numbers),
-``figures`` (PNGs), ``experiments`` (the ablation table), ``document`` (blocks and rendering), ``headline`` (the
-metrics ``dvc exp show`` opens with).
+``figures`` (PNGs), ``document`` (blocks and rendering), ``headline`` (the metrics ``dvc exp show`` opens with).
 """
 
 from __future__ import annotations
@@ -22,14 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.report.document import Code, Figure, Heading, Paragraph, Report
-from reasonrl.report.experiments import (
-    CurrentRun,
-    ExperimentsUnavailable,
-    ablation_rows,
-    ablation_table,
-    parse_exp_show,
-    run_exp_show,
-)
 from reasonrl.report.figures import Series, plot_categories, plot_grid, plot_test_accuracy
 from reasonrl.report.inputs import (
     EXAMPLES_PER_FILE,
@@ -59,21 +51,6 @@ from reasonrl.statistics import INTERVAL_CLUSTERED, INTERVAL_WILSON, TEST_MCNEMA
 class ReportInputs:
     reports_dir: Path
     params_path: Path
-    repo_root: Path | None = None
-    """Where ``dvc exp show`` runs; None: no ablation table (e.g. not a DVC repository)."""
-    experiment_name: str | None = None
-    """The DVC experiment this run is (``DVC_EXP_NAME``), if any."""
-
-
-def _relative(path: Path, root: Path | None) -> str:
-    """``path`` as ``dvc exp show`` keys it: relative to the repository root, POSIX separators."""
-    path = Path(path)
-    if root is not None and path.is_absolute():
-        try:
-            return path.relative_to(Path(root).resolve()).as_posix()
-        except ValueError:
-            pass
-    return path.as_posix()
 
 
 def _run_section(report: Report, flat: Mapping[str, Any]) -> None:
@@ -355,47 +332,6 @@ def _examples_section(report: Report, examples_dir: Path) -> None:
             report.blocks.append(Code(str(example.get("response", ""))))
 
 
-def _ablation_section(
-    report: Report, inputs: ReportInputs, final: dict[str, dict[str, Any]], params: dict[str, Any]
-) -> None:
-    report.blocks.append(Heading(2, "Ablations (DVC experiments)"))
-    reports = Path(inputs.reports_dir)
-    grpo_metrics_path = reports / "grpo" / "metrics.json"
-    grpo_metrics = load_json(grpo_metrics_path) if grpo_metrics_path.is_file() else {}
-    current = CurrentRun(
-        name=inputs.experiment_name,
-        params=params,
-        test_accuracy=final["grpo"]["accuracy"],
-        best_val_accuracy=grpo_metrics.get("best_val_accuracy") if isinstance(grpo_metrics, dict) else None,
-    )
-    if inputs.repo_root is None:
-        report.blocks.append(Paragraph("No experiments: no repository to ask."))
-        return
-    try:
-        data = run_exp_show(inputs.repo_root)
-    except ExperimentsUnavailable as error:
-        report.warnings.append(f"no experiments in the report: {error}")
-        report.blocks.append(Paragraph(f"No experiments: {error}"))
-        return
-    root = Path(inputs.repo_root)
-    experiments = parse_exp_show(
-        data,
-        params_file=_relative(inputs.params_path, root),
-        final_metrics=_relative(reports / "final" / "metrics.json", root),
-        grpo_metrics=_relative(grpo_metrics_path, root),
-    )
-    if not any(e.state != "baseline" for e in experiments):
-        report.blocks.append(Paragraph("No experiments derived from the current commit yet."))
-    report.blocks.append(ablation_table(ablation_rows(experiments, current)))
-    report.blocks.append(
-        Paragraph(
-            "From `dvc exp show --json` (experiments of the current commit); params compared with the baseline "
-            "commit's. GRPO test accuracy from `final/metrics.json`, best validation accuracy from "
-            "`grpo/metrics.json`; the current run's values are read from its files."
-        )
-    )
-
-
 def build_report(inputs: ReportInputs) -> Report:
     """Read every input, draw the figures and assemble the document."""
     reports = Path(inputs.reports_dir)
@@ -415,5 +351,4 @@ def build_report(inputs: ReportInputs) -> Report:
     _categories_section(report, final)
     _baseline_section(report, reports / "baseline" / "metrics.json")
     _examples_section(report, live["grpo"] / "examples")
-    _ablation_section(report, inputs, final, params)
     return report

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote
+
+from reasonrl.atomic import atomic_directory, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,6 @@ class Report:
     blocks: list[Block] = field(default_factory=list)
     figures: dict[str, bytes] = field(default_factory=dict)
     """PNG bytes by file name."""
-    warnings: list[str] = field(default_factory=list)
-    """Problems the stage prints to stderr (e.g. why the experiments could not be listed)."""
 
 
 _BACKTICKS = re.compile(r"`+")
@@ -196,3 +198,24 @@ def render_html(blocks: list[Block], figures: Mapping[str, bytes], title: str = 
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
         f"<style>{STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
     )
+
+
+def write_report(
+    report: Report,
+    markdown: str | Path | None,
+    html_page: str | Path | None,
+    figures_dir: str | Path | None,
+    title: str = "reasonrl report",
+) -> None:
+    """Write the Markdown (linking the PNGs in ``figures_dir``, which needs one) and the self-contained HTML page;
+    each one only when its path is given."""
+    if markdown is not None:
+        if figures_dir is None:
+            raise ValueError("a Markdown report links its figures: it needs a figures directory")
+        with atomic_directory(figures_dir) as staging:
+            for name, png in report.figures.items():
+                (staging / name).write_bytes(png)
+        prefix = Path(os.path.relpath(figures_dir, Path(markdown).parent)).as_posix()
+        atomic_write_text(markdown, render_markdown(report.blocks, prefix))
+    if html_page is not None:
+        atomic_write_text(html_page, render_html(report.blocks, report.figures, title))

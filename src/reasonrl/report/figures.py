@@ -93,3 +93,36 @@ def plot_grid(rows: list[list[Series]], suptitle: str) -> bytes:
                 axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(suptitle)
     return _png(figure)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """Several curves on shared axes, one per label (e.g. one per experiment)."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    curves: dict[str, list[tuple[float, float]]]
+
+
+def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
+    """One row of panels, each with its curves overlaid and a legend; a panel without curves is left empty."""
+    from matplotlib.ticker import MaxNLocator
+
+    figure, [row] = _figure(1, len(panels), 4.6 * len(panels), 3.6)
+    for panel, axes in zip(panels, row, strict=True):
+        for label, points in panel.curves.items():
+            xs, ys = zip(*points, strict=True)
+            axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3, label=label)
+        axes.set_title(panel.title)
+        axes.set_xlabel(panel.xlabel)
+        axes.set_ylabel(panel.ylabel)
+        axes.grid(alpha=0.3)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        xs = {x for points in panel.curves.values() for x, _ in points}
+        if len(xs) == 1:  # one round: the integer locator would still tick fractions around it
+            axes.set_xticks(sorted(xs))
+        if panel.curves:
+            axes.legend(fontsize="small")
+    figure.suptitle(suptitle)
+    return _png(figure)

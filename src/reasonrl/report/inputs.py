@@ -4,6 +4,7 @@ A missing required input raises :class:`ReportInputError` naming the file; optio
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -67,18 +68,27 @@ def load_crosscheck(path: Path) -> dict[str, list[dict[str, Any]]] | None:
     return data
 
 
-def read_metric(live_dir: Path, name: str) -> list[tuple[int, float]] | None:
-    """The ``(step, value)`` rows DVCLive logged for metric ``name`` (e.g. ``eval/accuracy``); None if absent."""
-    path = Path(live_dir) / "plots" / "metrics" / f"{name}.tsv"
-    if not path.is_file():
-        return None
-    with path.open(encoding="utf-8", newline="") as stream:
-        rows = list(csv.DictReader(stream, delimiter="\t"))
+def metric_path(live_dir: Path, name: str) -> Path:
+    """Where DVCLive writes the curve of metric ``name`` (e.g. ``eval/accuracy``) under ``live_dir``."""
+    return Path(live_dir) / "plots" / "metrics" / f"{name}.tsv"
+
+
+def parse_metric(text: str, name: str, source: object) -> list[tuple[int, float]]:
+    """The ``(step, value)`` rows of a DVCLive TSV of metric ``name``; ``source`` names the file in errors."""
+    rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
     column = name.rsplit("/", 1)[-1]
     try:
         return [(int(float(row["step"])), float(row[column])) for row in rows]
     except (KeyError, TypeError, ValueError) as error:
-        raise ReportInputError(f"{path}: expected columns step and {column}: {error!r}") from None
+        raise ReportInputError(f"{source}: expected columns step and {column}: {error!r}") from None
+
+
+def read_metric(live_dir: Path, name: str) -> list[tuple[int, float]] | None:
+    """The ``(step, value)`` rows DVCLive logged for metric ``name`` (e.g. ``eval/accuracy``); None if absent."""
+    path = metric_path(live_dir, name)
+    if not path.is_file():
+        return None
+    return parse_metric(path.read_text(encoding="utf-8"), name, path)
 
 
 @dataclass(frozen=True)
@@ -96,9 +106,19 @@ def grpo_evaluations(live_dir: Path) -> list[GRPOEvaluation] | None:
     optimizer-step count) at each evaluation; ``grpo_step`` is also logged at the end of every GRPO step, with the
     same value when an evaluation follows at that DVCLive step. So the three join on the DVCLive step.
     """
-    accuracy = read_metric(live_dir, "eval/accuracy")
-    elapsed = read_metric(live_dir, "time/elapsed_seconds")
-    grpo_step = read_metric(live_dir, "grpo_step")
+    return join_grpo_evaluations(*(read_metric(live_dir, name) for name in GRPO_EVALUATION_METRICS))
+
+
+GRPO_EVALUATION_METRICS = ("eval/accuracy", "time/elapsed_seconds", "grpo_step")
+"""What :func:`join_grpo_evaluations` joins, in its argument order."""
+
+
+def join_grpo_evaluations(
+    accuracy: list[tuple[int, float]] | None,
+    elapsed: list[tuple[int, float]] | None,
+    grpo_step: list[tuple[int, float]] | None,
+) -> list[GRPOEvaluation] | None:
+    """The curves of :data:`GRPO_EVALUATION_METRICS` joined on the DVCLive step; None when one is absent."""
     if accuracy is None or elapsed is None or grpo_step is None:
         return None
     elapsed_at, step_at = dict(elapsed), dict(grpo_step)
@@ -118,7 +138,7 @@ def pick_example_files(examples_dir: Path) -> list[Path]:
 
 
 def read_params(path: Path) -> dict[str, Any]:
-    """The raw params file as a mapping (the ablation table compares raw values, as ``dvc exp show`` does)."""
+    """The raw params file as a mapping."""
     try:
         data = parse_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -1,0 +1,303 @@
+"""Experiments side by side: ``python -m reasonrl.compare EXP [EXP …] [--out compare.md] [--html compare.html]``.
+
+Outside the cached pipeline on purpose: which experiments exist, and which ones a reader sets side by side, change
+with no dependency of any stage changing, so a cached page of them would go stale (the report stage describes its
+own run only). Each experiment is named as DVC users name it: an experiment name, a git revision, or ``workspace``
+(the files on disk); it is read as DVC stores it, with ``dvc.api`` (its params and its files at that revision).
+
+The page leads with the params that differ, then each route's test accuracy with its 95% interval, the paired test
+of each experiment against the first one per route (the same test questions and seed; the answers of
+``reports/final/generations/<route>.jsonl``), and the routes' validation curves overlaid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonrl.cli import run_stage
+from reasonrl.errors import UserError
+from reasonrl.evaluation import paired_comparison
+from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, code, render_markdown, write_report
+from reasonrl.report.figures import Panel, plot_panels
+from reasonrl.report.inputs import (
+    GRPO_EVALUATION_METRICS,
+    ROUTES,
+    flatten,
+    join_grpo_evaluations,
+    metric_path,
+    parse_metric,
+)
+from reasonrl.report.tables import format_accuracy, interval_name
+from reasonrl.statistics import TEST_MCNEMAR, TEST_SIGN_FLIP
+
+WORKSPACE = "workspace"
+FINAL_METRICS = "reports/final/metrics.json"
+GENERATIONS = "reports/final/generations/{route}.jsonl"
+LIVE = "reports/{route}/live"
+SUMMARY_KEYS = {"accuracy", "accuracy_interval"}
+
+TEST_NAMES = {TEST_MCNEMAR: "McNemar exact", TEST_SIGN_FLIP: "exact sign-flip by question"}
+
+
+class CompareError(UserError):
+    """An experiment that cannot be compared: unknown, or missing a file; the message names it."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What the page shows of one experiment."""
+
+    name: str
+    params: dict[str, Any]
+    """Dotted params, as ``dvc exp show`` lists them."""
+    final: dict[str, dict[str, Any]]
+    """Each route's test summary (``reports/final/metrics.json``)."""
+    generations: dict[str, list[dict[str, Any]] | None]
+    """Each route's graded test answers; None where the file is absent."""
+    curves: dict[str, list[tuple[int, float]] | None]
+    """Each training route's validation accuracy by its own x (:data:`CURVES`); None where not logged."""
+
+
+# The x axis of each training route's validation curve (see read_curve).
+CURVES = {"sft": "SFT optimizer step", "ei": "EI round", "grpo": "GRPO step"}
+
+
+def _rev(name: str) -> str | None:
+    return None if name == WORKSPACE else name
+
+
+def experiment_params(name: str, repo: str | None = None) -> dict[str, Any]:
+    """The experiment's params, dotted; an unknown experiment raises :class:`CompareError` naming it. DVC resolves
+    the name (``dvc.api.params_show`` takes experiment names as revisions, as ``dvc metrics diff`` does)."""
+    import dvc.api
+    from dvc.scm import RevError
+
+    try:
+        return flatten(dvc.api.params_show(repo=repo, rev=_rev(name)))
+    except RevError as error:
+        raise CompareError(
+            f"unknown experiment {name!r}: not an experiment name, a git revision or {WORKSPACE!r} ({error}; "
+            "`dvc exp list` lists the experiments)"
+        ) from None
+
+
+def _read_text(fs: Any, path: str) -> str | None:
+    try:
+        return fs.read_text(path, encoding="utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def parse_final(text: str | None, source: str) -> dict[str, dict[str, Any]]:
+    """The routes' test summaries; a missing file or route raises :class:`CompareError` naming ``source``."""
+    if text is None:
+        raise CompareError(f"{source}: missing (did the experiment finish? `dvc exp show` lists its state)")
+    try:
+        final = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CompareError(f"{source}: not valid JSON: {error}") from None
+    missing = [r for r in ROUTES if not (isinstance(final, dict) and SUMMARY_KEYS <= set(final.get(r) or {}))]
+    if missing:
+        raise CompareError(f"{source}: no test summary for {', '.join(missing)}")
+    return {route: final[route] for route in ROUTES}
+
+
+def parse_generations(text: str | None) -> list[dict[str, Any]] | None:
+    return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def read_curve(fs: Any, route: str, source: str) -> list[tuple[int, float]] | None:
+    """A training route's validation accuracy: SFT by optimizer step, EI by round (DVCLive's step in both), GRPO by
+    GRPO step (joined as the report joins it, since GRPO's DVCLive step counts optimizer steps)."""
+    live = Path(LIVE.format(route=route))
+    if route != "grpo":
+        text = _read_text(fs, metric_path(live, "eval/accuracy").as_posix())
+        return None if text is None else parse_metric(text, "eval/accuracy", f"{source}: {route}")
+    curves = []
+    for metric in GRPO_EVALUATION_METRICS:
+        text = _read_text(fs, metric_path(live, metric).as_posix())
+        curves.append(None if text is None else parse_metric(text, metric, f"{source}: {route}"))
+    evaluations = join_grpo_evaluations(*curves)
+    return None if evaluations is None else [(e.grpo_step, e.accuracy) for e in evaluations]
+
+
+def load_experiment(name: str, repo: str | None = None) -> Experiment:
+    """Everything the page shows of experiment ``name``, read at its revision through DVC (from the cache for the
+    pipeline's outputs)."""
+    from dvc.api import DVCFileSystem
+
+    params = experiment_params(name, repo)  # first: it names an unknown experiment
+    fs = DVCFileSystem(repo, rev=_rev(name))
+    final = parse_final(_read_text(fs, FINAL_METRICS), f"{name}: {FINAL_METRICS}")
+    generations = {r: parse_generations(_read_text(fs, GENERATIONS.format(route=r))) for r in ROUTES}
+    curves = {route: read_curve(fs, route, name) for route in CURVES}
+    return Experiment(name, params, final, generations, curves)
+
+
+_UNSET = object()
+
+
+def _value(value: Any) -> str:
+    """A param value as ``dvc exp show`` prints it, as a code span (escaped whatever it holds)."""
+    if value is _UNSET:
+        return "—"
+    return code(value if isinstance(value, str) else json.dumps(value))
+
+
+def differing_params(params: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The dotted params whose value (or presence) is not the same in every mapping, sorted."""
+    keys = sorted({key for p in params for key in p})
+    return [key for key in keys if len({json.dumps(p.get(key, _UNSET), default=str) for p in params}) > 1]
+
+
+def params_table(experiments: Sequence[Experiment]) -> Table | None:
+    """One row per param that differs, one column per experiment; None when none differs."""
+    keys = differing_params([e.params for e in experiments])
+    if not keys:
+        return None
+    rows = [[code(key), *(_value(e.params.get(key, _UNSET)) for e in experiments)] for key in keys]
+    return Table(["param", *(code(e.name) for e in experiments)], rows)
+
+
+def accuracy_table(experiments: Sequence[Experiment]) -> Table:
+    rows = [[route, *(format_accuracy(e.final[route]) for e in experiments)] for route in ROUTES]
+    return Table(["route", *(code(e.name) for e in experiments)], rows)
+
+
+def same_questions(records: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the two evaluations asked the same questions in the same order, as many times each: an index alone
+    would pair question 3 of one test split with question 3 of another (e.g. after a ``data`` change)."""
+    return [(r["question_index"], r["question"]) for r in records] == [
+        (r["question_index"], r["question"]) for r in reference
+    ]
+
+
+def paired_row(route: str, this: Experiment, reference: Experiment) -> list[str]:
+    """``this`` against ``reference`` on ``route``'s test answers: answers right for one only, questions on which
+    each had more right answers, the test and its p-value; or why there is no paired test."""
+    head = [route, code(this.name), code(reference.name)]
+    records, reference_records = this.generations[route], reference.generations[route]
+    if records is None or reference_records is None:
+        missing = this if records is None else reference
+        return [*head, f"not paired: no `{GENERATIONS.format(route=route)}` in {code(missing.name)}", "—", "—", "—"]
+    if not same_questions(records, reference_records):
+        return [*head, "not paired: different test questions or samples per question", "—", "—", "—"]
+    paired = paired_comparison(records, reference_records)
+    same = " (the same answers)" if records == reference_records else ""
+    return [
+        *head,
+        f"{paired['only_this_right']} / {paired['only_reference_right']}{same}",
+        f"{paired['questions_this_better']} / {paired['questions_reference_better']}",
+        TEST_NAMES[paired["test"]],
+        f"{paired['p_value']:.3g}",
+    ]
+
+
+PAIRED_HEADERS = [
+    "route",
+    "experiment",
+    "against",
+    "answers right only in one (experiment / against)",
+    "questions with more right answers (experiment / against)",
+    "test",
+    "p-value",
+]
+
+
+def paired_table(experiments: Sequence[Experiment]) -> Table:
+    """Each experiment after the first against the first, route by route."""
+    reference = experiments[0]
+    return Table(PAIRED_HEADERS, [paired_row(route, this, reference) for this in experiments[1:] for route in ROUTES])
+
+
+def curves_panels(experiments: Sequence[Experiment]) -> list[Panel]:
+    """One panel per training route, one curve per experiment that logged it."""
+    return [
+        Panel(
+            route.upper(),
+            xlabel,
+            "validation accuracy",
+            {e.name: curve for e in experiments if (curve := e.curves[route])},
+        )
+        for route, xlabel in CURVES.items()
+    ]
+
+
+def build_comparison(experiments: Sequence[Experiment], figures: bool = True) -> Report:
+    """The page: changed params, test accuracy, paired tests, and (``figures``) the validation curves."""
+    if len(experiments) < 2:
+        raise CompareError("compare needs two or more experiments")
+    report = Report()
+    names = ", ".join(code(e.name) for e in experiments)
+    report.blocks.append(Heading(1, f"Experiments compared: {names}"))
+
+    report.blocks.append(Heading(2, "Params that differ"))
+    table = params_table(experiments)
+    report.blocks.append(table or Paragraph("None: every experiment has the same params."))
+
+    report.blocks.append(Heading(2, "Test accuracy per route"))
+    report.blocks.append(accuracy_table(experiments))
+    summaries = {f"{e.name}/{route}": e.final[route] for e in experiments for route in ROUTES}
+    report.blocks.append(
+        Paragraph(f"From `{FINAL_METRICS}` of each experiment: accuracy with its {interval_name(summaries)}.")
+    )
+
+    report.blocks.append(Heading(2, f"Paired tests against {code(experiments[0].name)}"))
+    report.blocks.append(paired_table(experiments))
+    report.blocks.append(
+        Paragraph(
+            "Answer by answer over the same test questions and samples (`reports/final/generations/<route>.jsonl`): "
+            "with one sample per question McNemar's exact test, with several the exact sign-flip test over the "
+            "per-question differences in right answers (the samples of a question are not independent). A route "
+            "DVC did not rerun has the same answers in both, p = 1."
+        )
+    )
+
+    if figures:
+        report.blocks.append(Heading(2, "Validation accuracy during training"))
+        report.figures["validation_curves.png"] = plot_panels(curves_panels(experiments), "Validation accuracy")
+        report.blocks.append(
+            Figure(
+                "validation_curves.png",
+                "Validation accuracy per training route, one curve per experiment: SFT by optimizer step, EI by "
+                "round, GRPO by GRPO step.",
+            )
+        )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m reasonrl.compare",
+        description="DVC experiments side by side: the params that differ, each route's test accuracy with its 95% "
+        "interval, paired tests per route against the first experiment, and the validation curves.",
+    )
+    parser.add_argument(
+        "experiments", nargs="+", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r}; the first "
+        "is the reference of the paired tests"
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, help="Markdown page to write; its figures go beside it (compare.md: compare_figures/)"
+    )
+    parser.add_argument("--html", type=Path, help="self-contained HTML page to write")
+    args = parser.parse_args(argv)
+    if len(args.experiments) < 2:
+        parser.error("give two or more experiments")
+    experiments = [load_experiment(name) for name in args.experiments]
+    written = args.out is not None or args.html is not None
+    report = build_comparison(experiments, figures=written)
+    if not written:
+        print(render_markdown(report.blocks), end="")
+        return
+    figures_dir = None if args.out is None else args.out.with_name(f"{args.out.stem}_figures")
+    write_report(report, args.out, args.html, figures_dir, title="reasonrl: experiments compared")
+    print("compare: " + ", ".join(str(path) for path in (args.out, args.html) if path is not None))
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,197 @@
+"""``python -m reasonrl.compare``: the changed params, test accuracy with intervals and paired tests per route of
+hand-made experiments, and experiments read through DVC from a real repository (a commit and the workspace)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reasonrl.compare import (
+    CompareError,
+    Experiment,
+    build_comparison,
+    load_experiment,
+    main,
+    paired_row,
+    params_table,
+    parse_final,
+)
+from reasonrl.evaluation import summarize
+from reasonrl.report.document import render_html, render_markdown
+from reasonrl.report.inputs import ROUTES
+from reasonrl.report.tables import format_accuracy
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def graded(right: list[int], samples: int = 1, questions: str = "q") -> list[dict]:
+    """``samples`` answers per question, the first ``right[q]`` of them right; question texts ``{questions}{q}``."""
+    return [
+        {"question_index": q, "question": f"{questions}{q}", "reward": float(i < r), "format_reward": 1.0,
+         "answer": "1", "length": 5}
+        for q, r in enumerate(right) for i in range(samples)
+    ]  # fmt: skip
+
+
+REFERENCE = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # 2 of 10 right
+BETTER = [1, 0, 1, 1, 1, 1, 1, 0, 0, 0]  # 6 of 10: right alone on 5 questions, wrong alone on 1
+
+
+def experiment(name: str, params: dict, right: dict[str, list[int]], samples: int = 1) -> Experiment:
+    generations = {route: graded(right.get(route, REFERENCE), samples) for route in ROUTES}
+    final = {route: summarize(records) for route, records in generations.items()}
+    return Experiment(name, params, final, generations, {"sft": [(2, 0.1), (4, 0.3)], "ei": None, "grpo": None})
+
+
+def test_params_table_lists_only_the_params_that_differ():
+    a = experiment("a", {"grpo.loss_type": "grpo_clip", "grpo.lr": 1e-5, "eval.stop": ["</answer>"]}, {})
+    b = experiment("b", {"grpo.loss_type": "no_baseline", "grpo.lr": 1e-5, "eval.stop": ["</answer>"]}, {})
+    c = experiment("c", {"grpo.loss_type": "grpo_clip", "grpo.lr": 1e-5, "eval.stop": ["</answer>"], "x.y": 2}, {})
+    table = params_table([a, b, c])
+    assert table.headers == ["param", "`a`", "`b`", "`c`"]
+    assert table.rows == [
+        ["`grpo.loss_type`", "`grpo_clip`", "`no_baseline`", "`grpo_clip`"],
+        ["`x.y`", "—", "—", "`2`"],  # a param one experiment has and the others lack differs too
+    ]
+    assert params_table([a, a]) is None
+
+
+def test_paired_row_counts_and_p_value_against_the_reference():
+    reference = experiment("ref", {}, {})
+    this = experiment("new", {}, {"grpo": BETTER})
+    # McNemar's exact test on 5 vs 1 discordant answers: 2 · P(X ≤ 1), X ~ Bin(6, 1/2) = 2 · 7/64.
+    assert paired_row("grpo", this, reference) == ["grpo", "`new`", "`ref`", "5 / 1", "5 / 1", "McNemar exact",
+                                                   f"{14 / 64:.3g}"]  # fmt: skip
+    assert paired_row("sft", this, reference)[3:] == ["0 / 0 (the same answers)", "0 / 0", "McNemar exact", "1"]
+
+
+def test_paired_row_with_several_samples_flips_whole_questions():
+    reference = experiment("ref", {}, {"grpo": [0, 0, 0, 1]}, samples=2)
+    this = experiment("new", {}, {"grpo": [2, 2, 1, 0]}, samples=2)
+    # Per-question differences +2, +2, +1, −1 (sum 4): of the 16 sign patterns of 2, 2, 1, 1, those with |sum| ≥ 4
+    # are +2+2 with +1+1 (6) or with the ones of opposite signs (4, two ways), and their mirrors: p = 6/16.
+    assert paired_row("grpo", this, reference)[3:] == ["5 / 1", "3 / 1", "exact sign-flip by question", "0.375"]
+
+
+def test_paired_row_says_why_there_is_no_test():
+    reference = experiment("ref", {}, {})
+    other_questions = experiment("other", {}, {})
+    other_questions.generations["grpo"] = graded(BETTER, questions="another question ")
+    assert paired_row("grpo", other_questions, reference)[3] == (
+        "not paired: different test questions or samples per question"
+    )
+    no_answers = experiment("old", {}, {})
+    no_answers.generations["ei"] = None
+    assert paired_row("ei", no_answers, reference)[3] == (
+        "not paired: no `reports/final/generations/ei.jsonl` in `old`"
+    )
+
+
+def test_the_page_leads_with_params_then_accuracy_then_paired_tests():
+    reference = experiment("reference", {"grpo.loss_type": "grpo_clip"}, {})
+    odd = "no|base`line <b>"  # a name with a table pipe, a backtick and HTML: escaped wherever it shows
+    other = experiment(odd, {"grpo.loss_type": "no_baseline"}, {"grpo": BETTER})
+    report = build_comparison([reference, other])
+    markdown = render_markdown(report.blocks, "figures")
+    headings = [line for line in markdown.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## Params that differ",
+        "## Test accuracy per route",
+        "## Paired tests against `reference`",
+        "## Validation accuracy during training",
+    ]
+    assert "| `grpo.loss_type` | `grpo_clip` | `no_baseline` |" in markdown
+    for route in ROUTES:
+        cells = [format_accuracy(e.final[route]) for e in (reference, other)]
+        assert f"| {route} | {cells[0]} | {cells[1]} |" in markdown
+    assert "| grpo | 20.0% [" in markdown and "] | 60.0% [" in markdown and "95% Wilson score interval" in markdown
+    assert "| grpo | ``no\\|base`line <b>`` | `reference` | 5 / 1 | 5 / 1 | McNemar exact | 0.219 |" in markdown
+    page = render_html(report.blocks, report.figures)
+    assert "<code>no|base`line &lt;b&gt;</code>" in page and "<b>" not in page
+    assert report.figures["validation_curves.png"].startswith(PNG_MAGIC)
+
+
+def test_one_experiment_or_an_unfinished_one_is_refused():
+    with pytest.raises(CompareError, match="two or more experiments"):
+        build_comparison([experiment("a", {}, {})])
+    with pytest.raises(CompareError, match="q-clip: reports/final/metrics.json: missing"):
+        parse_final(None, "q-clip: reports/final/metrics.json")
+    with pytest.raises(CompareError, match="no test summary for ei, grpo"):
+        parse_final(json.dumps({"base": {"accuracy": 0.1, "accuracy_interval": {}}, "sft": {"accuracy": 0,
+                                "accuracy_interval": {}}}), "x")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- through DVC
+
+
+def write_run(root: Path, loss_type: str, grpo_right: list[int]) -> None:
+    """The files compare reads, as the pipeline writes them: params, test summaries and answers, GRPO's curves."""
+    (root / "params.yaml").write_text(f"grpo:\n  loss_type: {loss_type}\n  lr: 1.0e-05\n", encoding="utf-8")
+    final = root / "reports" / "final"
+    (final / "generations").mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for route in ROUTES:
+        records = graded(grpo_right if route == "grpo" else REFERENCE)
+        summaries[route] = summarize(records)
+        (final / "generations" / f"{route}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (final / "metrics.json").write_text(json.dumps(summaries))
+    curves = root / "reports" / "grpo" / "live" / "plots" / "metrics"
+    for name, rows in {
+        "eval/accuracy": [(0, 0.1), (4, 0.5)],  # DVCLive steps: optimizer steps, two per GRPO step
+        "time/elapsed_seconds": [(0, 0.0), (4, 3.0)],
+        "grpo_step": [(0, 0), (2, 1), (4, 2)],
+    }.items():
+        (curves / name).parent.mkdir(parents=True, exist_ok=True)
+        column = name.rsplit("/", 1)[-1]
+        (curves / f"{name}.tsv").write_text(f"step\t{column}\n" + "".join(f"{s}\t{v}\n" for s, v in rows))
+
+
+@pytest.fixture
+def dvc_repo(tmp_path, monkeypatch):
+    """A DVC repository: a commit with one run's files, the workspace with another's."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*command: str) -> None:
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+    run("git", "init", "-q", "-b", "main")
+    run(sys.executable, "-m", "dvc", "init", "-q")
+    write_run(tmp_path, "grpo_clip", REFERENCE)
+    run("git", "add", "-A")
+    run("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a run")
+    write_run(tmp_path, "no_baseline", BETTER)
+    return tmp_path
+
+
+def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
+    committed = load_experiment("HEAD")
+    assert committed.params == {"grpo.loss_type": "grpo_clip", "grpo.lr": 1e-05}
+    assert committed.final["grpo"]["accuracy"] == 0.2
+    assert committed.curves["grpo"] == [(0, 0.1), (2, 0.5)]  # by GRPO step, joined as the report joins them
+    assert committed.curves["sft"] is None and committed.generations["grpo"] == graded(REFERENCE)
+
+    main(["main", "workspace", "--out", "compare.md", "--html", "compare.html"])
+    markdown = (dvc_repo / "compare.md").read_text(encoding="utf-8")
+    assert "| `grpo.loss_type` | `grpo_clip` | `no_baseline` |" in markdown
+    assert "`grpo.lr`" not in markdown
+    assert "| grpo | `workspace` | `main` | 5 / 1 | 5 / 1 | McNemar exact | 0.219 |" in markdown
+    assert "](compare_figures/validation_curves.png)" in markdown
+    assert (dvc_repo / "compare_figures" / "validation_curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert "data:image/png;base64," in (dvc_repo / "compare.html").read_text(encoding="utf-8")
+    assert capsys.readouterr().out == "compare: compare.md, compare.html\n"
+
+    main(["HEAD", "workspace"])  # no file asked for: Markdown on stdout, without figures
+    printed = capsys.readouterr().out
+    assert printed.startswith("# Experiments compared: `HEAD`, `workspace`") and ".png" not in printed
+
+
+def test_an_unknown_experiment_is_named(dvc_repo):
+    done = subprocess.run(
+        [sys.executable, "-m", "reasonrl.compare", "main", "no-such-exp"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert "error: unknown experiment 'no-such-exp': not an experiment name, a git revision or 'workspace'" in (
+        done.stderr
+    )
