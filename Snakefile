@@ -10,7 +10,7 @@ from pathlib import Path
 from snakemake.common.configfile import load_configfile
 from snakemake.exceptions import WorkflowError
 
-from reasonrl.config import LAYOUT_GPUS
+from reasonrl.config import LAYOUT_GPUS, ConfigError, load_params
 from reasonrl.pipeline import read_pipeline
 
 
@@ -36,8 +36,12 @@ if OVERRIDDEN:
         "Set the values in params.yaml (by hand, or a preset: python -m reasonrl.presets NAME --apply), then run "
         "snakemake; for a variant beside this run, do that in a git worktree of its own (README: Snakemake and SLURM)"
     )
-if config["rollout"]["layout"] not in LAYOUT_GPUS:
-    raise WorkflowError(f"params.yaml: rollout.layout must be one of {sorted(LAYOUT_GPUS)}")
+# Every param checked before any rule is built, as each stage checks its own again: a bad value stops here with the
+# stage's one-line message, not as a missing input (templated paths such as prompts/${grpo.prompt}.prompt).
+try:
+    load_params("params.yaml")
+except ConfigError as error:
+    raise WorkflowError(f"error: {error}") from None
 
 STAGES = read_pipeline("dvc.yaml", config)
 PRODUCED = {out for stage in STAGES.values() for out in stage.outs}

@@ -141,6 +141,18 @@ def test_n_samples_nest_per_prompt_and_max_tokens_is_exact(engine, tiny_model):
 
 
 @pytest.mark.slow
+def test_a_labelled_progress_bar_counts_the_answers(engine, tiny_model, capfd):
+    # Before the tests that start and shut down an engine of their own: that tears down vLLM's process-wide state,
+    # which the module's engine needs.
+    engine.sync_weights(tiny_model)
+    engine.generate(PROMPTS[:2], n=3, min_tokens=2, max_tokens=2, stop=(), progress="baseline r1_zero")
+    bar = capfd.readouterr().err
+    assert "baseline r1_zero: 100%" in bar and "6/6 [" in bar
+    engine.generate(PROMPTS[:2], n=3, max_tokens=2, stop=())
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.slow
 def test_per_prompt_lengths(engine, tiny_model):
     engine.sync_weights(tiny_model)
     lengths = [3 + 2 * index for index in range(len(PROMPTS))]
@@ -485,13 +497,3 @@ def test_only_the_understood_vllm_warnings_are_dropped():
         warnings.warn("`torch.distributed.reduce_op` is deprecated, please use …", FutureWarning, stacklevel=1)
         warnings.warn("`torch.distributed.other` is deprecated", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["`torch.distributed.other` is deprecated"]
-
-
-@pytest.mark.slow
-def test_a_labelled_progress_bar_counts_the_answers(engine, tiny_model, capfd):
-    engine.sync_weights(tiny_model)
-    engine.generate(PROMPTS[:2], n=3, min_tokens=2, max_tokens=2, stop=(), progress="baseline r1_zero")
-    bar = capfd.readouterr().err
-    assert "baseline r1_zero: 100%" in bar and "6/6 [" in bar
-    engine.generate(PROMPTS[:2], n=3, max_tokens=2, stop=())
-    assert capfd.readouterr().err == ""
