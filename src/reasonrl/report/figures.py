@@ -71,10 +71,25 @@ class Series:
     """Steps and rounds: integer ticks only."""
 
 
-def plot_grid(rows: list[list[Series]], suptitle: str) -> bytes:
-    """A grid of line plots, one row per list of series; shorter rows leave their last panels empty."""
+def _draw_curves(
+    axes, title: str, xlabel: str, ylabel: str, curves: Mapping[str | None, list[tuple[float, float]]], integer_x: bool
+) -> None:
+    """Line plots of ``curves`` on one panel, each labelled by its key (None: no legend entry)."""
     from matplotlib.ticker import MaxNLocator
 
+    for label, points in curves.items():
+        xs, ys = zip(*points, strict=True)
+        axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3, label=label)
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    if integer_x:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def plot_grid(rows: list[list[Series]], suptitle: str) -> bytes:
+    """A grid of line plots, one row per list of series; shorter rows leave their last panels empty."""
     columns = max(len(row) for row in rows)
     figure, grid = _figure(len(rows), columns, 4.2 * columns, 3.4 * len(rows))
     for row, axes_row in zip(rows, grid, strict=True):
@@ -83,14 +98,7 @@ def plot_grid(rows: list[list[Series]], suptitle: str) -> bytes:
                 axes.set_visible(False)
                 continue
             series = row[index]
-            xs, ys = zip(*series.points, strict=True)
-            axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3)
-            axes.set_title(series.title)
-            axes.set_xlabel(series.xlabel)
-            axes.set_ylabel(series.ylabel)
-            axes.grid(alpha=0.3)
-            if series.integer_x:
-                axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _draw_curves(axes, series.title, series.xlabel, series.ylabel, {None: series.points}, series.integer_x)
     figure.suptitle(suptitle)
     return _png(figure)
 
@@ -107,18 +115,9 @@ class Panel:
 
 def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
     """One row of panels, each with its curves overlaid and a legend; a panel without curves is left empty."""
-    from matplotlib.ticker import MaxNLocator
-
     figure, [row] = _figure(1, len(panels), 4.6 * len(panels), 3.6)
     for panel, axes in zip(panels, row, strict=True):
-        for label, points in panel.curves.items():
-            xs, ys = zip(*points, strict=True)
-            axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3, label=label)
-        axes.set_title(panel.title)
-        axes.set_xlabel(panel.xlabel)
-        axes.set_ylabel(panel.ylabel)
-        axes.grid(alpha=0.3)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _draw_curves(axes, panel.title, panel.xlabel, panel.ylabel, panel.curves, integer_x=True)
         xs = {x for points in panel.curves.values() for x, _ in points}
         if len(xs) == 1:  # one round: the integer locator would still tick fractions around it
             axes.set_xticks(sorted(xs))
