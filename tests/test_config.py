@@ -72,6 +72,21 @@ def test_repository_params_are_valid_full_scale(params_file):
         ({"model": {"tiny": {"vocab_size": 1}}}, "model.tiny.vocab_size: must be ≥ 257"),
         ({"model": {"tiny": {"num_layers": 0}}}, "model.tiny.num_layers: must be ≥ 1, got 0"),
         ({"model": {"tiny": {"num_heads": 0}}}, "model.tiny.num_heads: must be ≥ 1, got 0"),
+        # Issue 23: learning-rate schedules.
+        (
+            {"grpo": {"lr_schedule": "exponential"}},
+            r"grpo.lr_schedule: must be one of \['constant', 'linear', 'cosine'\]",
+        ),
+        ({"sft": {"lr_schedule": "step"}}, r"sft.lr_schedule: must be one of \['constant', 'linear', 'cosine'\]"),
+        ({"grpo": {"warmup_steps": -1}}, r"grpo.warmup_steps: must be in \[0, 200\] .*, got -1"),
+        (
+            {"grpo": {"warmup_steps": 201}},
+            r"grpo.warmup_steps: must be in \[0, 200\] \(the run's optimizer steps: grpo.n_grpo_steps × .*, got 201",
+        ),
+        (
+            {"grpo": {"warmup_steps": 401, "epochs_per_rollout_batch": 2, "loss_type": "grpo_clip"}},
+            r"grpo.warmup_steps: must be in \[0, 400\]",
+        ),
         (
             {"data": {"name": "arithmetic", "val_size": 5000}},
             r"data.val_size: must be less than data.arithmetic.train_size \(5000\)",

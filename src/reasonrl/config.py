@@ -21,12 +21,14 @@ import yaml
 from reasonrl.errors import ConfigError
 from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
+from reasonrl.schedules import LR_SCHEDULES
 
 # The closed sets of names a param can take, from the registries that give each name its meaning.
 PromptName = Literal[PROMPT_NAMES]
 LossTypeName = Literal[tuple(LOSS_TYPES)]
 LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
 KLEstimator = Literal[KL_ESTIMATORS]
+LRSchedule = Literal[tuple(LR_SCHEDULES)]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
@@ -299,9 +301,13 @@ class SFTOptimization(LoRAOptions):
     """Optimisation of one supervised fine-tuning run (shared by ``sft`` and each expert-iteration round)."""
 
     learning_rate: float = 2e-5
-    """AdamW peak learning rate (linear warm-up, then constant)."""
+    """AdamW peak learning rate (linear warm-up, then ``lr_schedule``)."""
     warmup_ratio: float = 0.05
-    """Fraction of the optimizer steps spent warming the learning rate up from 0."""
+    """Fraction of the optimizer steps spent warming the learning rate up from 0 (a run's steps depend on its data,
+    so a fraction, not a count; each expert-iteration round warms up anew)."""
+    lr_schedule: LRSchedule = "constant"
+    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay toward 0 over the run's (the round's) remaining
+    optimizer steps (``reasonrl.schedules``)."""
     batch_size: int = 32
     """Sequences per optimizer step (the effective batch)."""
     microbatch_size: int = 4
@@ -401,6 +407,12 @@ class GRPOConfig(LoRAOptions):
     n_grpo_steps: int = 200
     """Rollout-then-train steps."""
     learning_rate: float = 1e-5
+    """AdamW peak learning rate."""
+    lr_schedule: LRSchedule = "constant"
+    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay toward 0 over the remaining planned optimizer
+    steps (``total_optimizer_steps``; ``reasonrl.schedules``)."""
+    warmup_steps: int = 0
+    """Optimizer steps warming the learning rate up linearly from peak / warmup_steps to the peak; 0 = none."""
     advantage_eps: float = 1e-6
     """Added to the group std before dividing (a group of equal rewards has std 0)."""
     rollout_batch_size: int = 256
@@ -539,6 +551,13 @@ class GRPOConfig(LoRAOptions):
             f"grpo.rollout_batch_size ({self.rollout_batch_size}) trains later optimizer steps on samples of an older "
             f"policy (a biased gradient): use grpo_clip or grpo_no_clip, or one optimizer step per rollout batch",
         )
+        # After the batch sizes' checks: the run's optimizer steps count whole train batches.
+        _require(
+            0 <= self.warmup_steps <= self.total_optimizer_steps,
+            "grpo.warmup_steps",
+            f"must be in [0, {self.total_optimizer_steps}] (the run's optimizer steps: grpo.n_grpo_steps × "
+            f"epochs_per_rollout_batch × rollout_batch_size / train_batch_size), got {self.warmup_steps}",
+        )
 
     @property
     def microbatch_size(self) -> int:
@@ -547,6 +566,15 @@ class GRPOConfig(LoRAOptions):
     @property
     def questions_per_step(self) -> int:
         return self.rollout_batch_size // self.group_size
+
+    @property
+    def optimizer_steps_per_grpo_step(self) -> int:
+        return self.epochs_per_rollout_batch * (self.rollout_batch_size // self.train_batch_size)
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        """The run's planned optimizer steps, over which the learning-rate schedule runs."""
+        return self.n_grpo_steps * self.optimizer_steps_per_grpo_step
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
 
@@ -474,6 +475,23 @@ def optimizer_step(
     }
 
 
+def scheduled_learning_rate(config: GRPOConfig, step: int, epoch: int, train_batch: int) -> float:
+    """The learning rate of the optimizer step on train batch ``train_batch`` of pass ``epoch`` over GRPO step
+    ``step``'s rollouts: ``grpo.lr_schedule`` at that batch's place in the planned sequence of
+    ``total_optimizer_steps``. A pure function of the place, which a resumed run recomputes from its step alone; a
+    rollout batch that dynamic sampling leaves short of train batches skips the places of the missing ones, so the
+    schedule still ends with the run. :func:`optimizer_step` scales it by a short batch's share."""
+    per_epoch = config.rollout_batch_size // config.train_batch_size
+    place = (step * config.epochs_per_rollout_batch + epoch) * per_epoch + train_batch
+    factor = learning_rate_factor(config.lr_schedule, place, config.total_optimizer_steps, config.warmup_steps)
+    return config.learning_rate * factor
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+
+
 @contextlib.contextmanager
 def scaled_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
     """Every parameter group's learning rate times ``factor``, for one ``optimizer.step()``."""
@@ -810,10 +828,10 @@ def run_grpo(
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
             order_rng = random.Random(step_seed)
-            for _ in range(config.epochs_per_rollout_batch):
+            for epoch in range(config.epochs_per_rollout_batch):
                 order = ranks.rows_to_train(len(batch.responses))
                 order_rng.shuffle(order)
-                for rows in chunks(order, train_rows_per_rank):  # one optimizer step each
+                for train_batch, rows in enumerate(chunks(order, train_rows_per_rank)):  # one optimizer step each
                     metrics = {}
                     if has_learning_signal(batch, rows, config, ranks):
                         metrics = accumulate_gradients(
@@ -821,6 +839,7 @@ def run_grpo(
                         )
                         checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
                         share = len(rows) / train_rows_per_rank
+                        set_learning_rate(optimizer, scheduled_learning_rate(config, step, epoch, train_batch))
                         metrics |= optimizer_step(policy, optimizer, config, guard, step, checks, ranks, share)
                     else:
                         state.zero_signal_steps += 1

@@ -2,7 +2,7 @@
 
 One optimizer step = ``batch_size`` sequences in microbatches (``microbatch_size`` sequences, or filled up to
 ``microbatch_tokens``: see ``reasonrl.batching``), each through ``sft_microbatch_train_step``; then gradient
-clipping, AdamW, the warm-up schedule. A step's loss is the per-token
+clipping, AdamW, the learning-rate schedule (``reasonrl.schedules``). A step's loss is the per-token
 mean negative log-likelihood over every response token of its batch (prompt and padding masked out): long responses
 weigh by their token count, as in ordinary LM training, and ``microbatch_size`` (a memory setting) does not change
 the gradient.
@@ -31,6 +31,7 @@ from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainabl
 from reasonrl.losses import sft_microbatch_train_step
 from reasonrl.memory import check_gpu_memory
 from reasonrl.models import compute_precision, policy_dtype
+from reasonrl.schedules import learning_rate_factor
 from reasonrl.tokenization import tokenize_prompt_and_output
 
 if TYPE_CHECKING:
@@ -113,13 +114,15 @@ def start_training(
 def make_optimizer(
     policy: torch.nn.Module, config: SFTOptimization, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW with a linear warm-up over ``warmup_ratio`` of ``total_steps``, then a constant learning rate."""
+    """AdamW with a linear warm-up over ``warmup_ratio`` of ``total_steps``, then ``lr_schedule`` over the rest."""
     fused = next(policy.parameters()).is_cuda  # one kernel for all parameters (GPU-only: kept off the CPU's numerics)
     optimizer = torch.optim.AdamW(
         trainable_parameters(policy), lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused
     )
-    warmup = max(1, round(config.warmup_ratio * total_steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    warmup = round(config.warmup_ratio * total_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate_factor(config.lr_schedule, step, total_steps, warmup)
+    )
     return optimizer, schedule
 
 
