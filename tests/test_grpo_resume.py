@@ -47,6 +47,9 @@ OVERRIDES = {
     # skipped (no signal) and the weights never move; weight decay moves them off the reference in the first step.
     "grpo.kl_coef": 0.04,
     "grpo.weight_decay": 0.1,
+    # A decaying rate after a warm-up that ends in the first checkpoint's interval: the resumed run must take it up.
+    "grpo.lr_schedule": "cosine",
+    "grpo.warmup_steps": 3,
 }
 
 
