@@ -9,6 +9,7 @@ from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.expert_iteration import run_expert_iteration
 from reasonrl.lora import trainable_parameter_count
+from reasonrl.model_card import git_commit, render_card
 from reasonrl.sft import save_policy, start_training
 
 
@@ -24,13 +25,15 @@ def main() -> None:
     params = load_params(args.params)
     config = params.ei
     start = Path(args.models) / config.init_model  # read here, not templated into the command: no shell sees it
-    train = load_gsm8k(Path(args.data) / "train.jsonl")
-    val = load_gsm8k(Path(args.data) / "val.jsonl")
+    train_file, val_file = Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"
+    train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
     engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
     with open_live(args.live) as live:
         best = run_expert_iteration(policy, tokenizer, engine, train, val, config, params.eval, live)
-    save_policy(policy, tokenizer, args.out, best.state_dict)
+    checkpoint = "the round with the best validation accuracy"
+    card = render_card(params, "ei", checkpoint, best, "round", [train_file, val_file], git_commit())
+    save_policy(policy, tokenizer, args.out, best.state_dict, card)
     atomic_write_json(
         args.metrics,
         {

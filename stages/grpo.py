@@ -11,6 +11,7 @@ from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
 from reasonrl.grpo import remove_checkpoints, run_grpo
 from reasonrl.lora import merged_weights, trainable_parameter_count
+from reasonrl.model_card import git_commit, render_card
 from reasonrl.sft import save_policy, start_training
 
 
@@ -27,8 +28,8 @@ def main() -> None:
     params = load_params(args.params)
     config = params.grpo
     start = Path(args.models) / config.init_model  # read here, not templated into the command: no shell sees it
-    train = load_gsm8k(Path(args.data) / "train.jsonl")
-    val = load_gsm8k(Path(args.data) / "val.jsonl")
+    data_files = [Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"]
+    train, val = (load_gsm8k(path) for path in data_files)
 
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
     # One run at a time writes the checkpoints, the curves and the outputs: rank 0 holds the lock for the whole run
@@ -56,8 +57,14 @@ def main() -> None:
         final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
         if not ranks.is_main:
             return
-        save_policy(policy, tokenizer, Path(args.out) / "final", final)
-        save_policy(policy, tokenizer, Path(args.out) / "best", best.state_dict)
+        commit = git_commit()
+        checkpoints = {
+            "final": (final, f"the policy after the last of {config.n_grpo_steps} steps (the best is in best/)"),
+            "best": (best.state_dict, "the step with the best validation accuracy"),
+        }
+        for name, (weights, checkpoint) in checkpoints.items():
+            card = render_card(params, "grpo", checkpoint, best, "step", data_files, commit)
+            save_policy(policy, tokenizer, Path(args.out) / name, weights, card)
         atomic_write_json(
             args.metrics,
             {

@@ -8,6 +8,7 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
 from reasonrl.lora import trainable_parameter_count
+from reasonrl.model_card import git_commit, render_card
 from reasonrl.sft import Pair, run_sft, save_policy, start_training
 
 
@@ -30,13 +31,16 @@ def main() -> None:
     started = time.perf_counter()
     params = load_params(args.params)
     config = params.sft
-    pairs = load_pairs(Path(args.pairs) / f"{config.dataset}.jsonl", config.num_examples)
-    val = load_gsm8k(Path(args.data) / "val.jsonl")
+    pairs_file, val_file = Path(args.pairs) / f"{config.dataset}.jsonl", Path(args.data) / "val.jsonl"
+    pairs = load_pairs(pairs_file, config.num_examples)
+    val = load_gsm8k(val_file)
 
     engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
     with open_live(args.live) as live:
         best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live)
-    save_policy(policy, tokenizer, args.out, best.state_dict)
+    checkpoint = "the step with the best validation accuracy"
+    card = render_card(params, "sft", checkpoint, best, "step", [pairs_file, val_file], git_commit())
+    save_policy(policy, tokenizer, args.out, best.state_dict, card)
     atomic_write_json(
         args.metrics,
         {

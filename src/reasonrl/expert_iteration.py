@@ -84,6 +84,6 @@ def run_expert_iteration(
         # Validate the round's weights.
         val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
         log_validation(live, val_metrics)
-        best.offer(policy, val_metrics["accuracy"], round_index)
+        best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
         live.next_step()
     return best

@@ -589,6 +589,7 @@ class TrainingState:
     zero_signal_steps: int = 0
     best_accuracy: float = -1.0
     best_step: int | None = None
+    best_interval: dict[str, Any] | None = None
 
 
 def save_checkpoint(
@@ -670,7 +671,7 @@ def load_checkpoint(
     saved = read_tensors(path)
     load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
     torch.set_rng_state(saved["torch_rng"])
-    best.accuracy, best.step = state.best_accuracy, state.best_step
+    best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
     if ranks.is_main:
         best.state_dict = saved["best"]
         if live_dir.exists():
@@ -778,8 +779,8 @@ def run_grpo(
             log_validation(live, metrics)
             live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
             live.log_metric("grpo_step", step)
-            if best.offer(policy, metrics["accuracy"], step, keep_weights=ranks.is_main):
-                state.best_accuracy, state.best_step = best.accuracy, best.step
+            if best.offer(policy, metrics["accuracy"], step, ranks.is_main, metrics["accuracy_interval"]):
+                state.best_accuracy, state.best_step, state.best_interval = best.accuracy, best.step, best.interval
             if ranks.is_main:
                 examples = [
                     {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}

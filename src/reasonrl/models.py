@@ -22,6 +22,8 @@ from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 TINY = "tiny"
 REQUIRED_FILES = ("config.json",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+MODEL_CARD = "README.md"
+"""A model directory's card: a hub model's, or the one a training stage writes (``reasonrl.model_card``)."""
 NOT_COPIED = (".git", ".cache")
 """Version control and the hub's download metadata: not part of a local model directory's copy."""
 
@@ -103,9 +105,12 @@ def compute_precision(device: torch.device, precision: Precision) -> contextlib.
 
 
 def model_digest(path: str | Path) -> str:
-    """SHA-256 over a model directory's files (names and contents: weights, config, tokenizer), in name order."""
+    """SHA-256 over a model directory's files (names and contents: weights, config, tokenizer), in name order, but
+    its card (``README.md``: a trained model's names the git commit, a hub model's is prose), which computes nothing:
+    a GRPO checkpoint stays resumable when only the init model's card changed."""
     digest = hashlib.sha256()
-    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+    files = (p for p in Path(path).rglob("*") if p.is_file() and p.relative_to(path).as_posix() != MODEL_CARD)
+    for file in sorted(files):
         digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
         with file.open("rb") as stream:
             while chunk := stream.read(1 << 20):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from reasonrl.atomic import atomic_directory
+from reasonrl.atomic import atomic_directory, atomic_write_text
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.evaluation import EvalResult, evaluate, summarize
@@ -30,7 +30,7 @@ from reasonrl.logprobs import get_response_log_probs
 from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count, trainable_parameters
 from reasonrl.losses import sft_microbatch_train_step
 from reasonrl.memory import check_gpu_memory
-from reasonrl.models import compute_precision, policy_dtype
+from reasonrl.models import MODEL_CARD, compute_precision, policy_dtype
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.tokenization import tokenize_prompt_and_output
 
@@ -200,15 +200,21 @@ def accumulate_sft_gradients(
 
 
 def save_policy(
-    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, state_dict: dict | None = None
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    state_dict: dict | None = None,
+    card: str | None = None,
 ) -> None:
-    """Save weights (``state_dict`` if given, e.g. the best checkpoint; else the policy's, LoRA merged) and tokenizer
-    atomically: a plain HF model directory either way."""
+    """Save weights (``state_dict`` if given, e.g. the best checkpoint; else the policy's, LoRA merged), tokenizer
+    and model ``card`` (``reasonrl.model_card``) atomically: a plain HF model directory either way."""
     if state_dict is None:
         state_dict = dict(merged_weights(policy))
     with atomic_directory(out_dir) as staging:
         policy.save_pretrained(staging, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
+        if card is not None:
+            atomic_write_text(staging / MODEL_CARD, card)
 
 
 class BestCheckpoint:
@@ -217,13 +223,23 @@ class BestCheckpoint:
     def __init__(self) -> None:
         self.accuracy = -1.0
         self.step: int | None = None
+        self.interval: dict[str, Any] | None = None
+        """The best accuracy's ``accuracy_interval`` (``reasonrl.evaluation.summarize``), for the model card."""
         self.state_dict: dict[str, torch.Tensor] | None = None
 
-    def offer(self, policy: torch.nn.Module, accuracy: float, step: int, keep_weights: bool = True) -> bool:
-        """Record a better ``accuracy``; ``keep_weights=False`` (ranks but 0) joins the weights' gathers only."""
+    def offer(
+        self,
+        policy: torch.nn.Module,
+        accuracy: float,
+        step: int,
+        keep_weights: bool = True,
+        interval: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record a better ``accuracy`` (and its ``interval``); ``keep_weights=False`` (ranks but 0) joins the
+        weights' gathers only."""
         if accuracy <= self.accuracy:
             return False
-        self.accuracy, self.step = accuracy, step
+        self.accuracy, self.step, self.interval = accuracy, step, interval
         weights = merged_weights(policy)
         if keep_weights:
             self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
@@ -296,6 +312,6 @@ def run_sft(
         if step % config.eval_every == 0 or step == total:
             val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
             log_validation(live, val_metrics)
-            best.offer(policy, val_metrics["accuracy"], step)
+            best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])
         live.next_step()
     return best

@@ -1,0 +1,116 @@
+"""The model card (``README.md``) a training stage saves beside its model: what it is, where it came from, how it
+did on validation, and what to rerun it from.
+
+It records the git commit, which changes with every commit; :func:`reasonrl.models.model_digest` leaves the card out,
+so a GRPO checkpoint made from a model stays resumable when only its card differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from reasonrl.config import Params
+
+if TYPE_CHECKING:
+    from reasonrl.sft import BestCheckpoint
+
+Route = Literal["sft", "ei", "grpo"]
+ROUTE_NAMES = {"sft": "supervised fine-tuning", "ei": "expert iteration", "grpo": "GRPO"}
+
+
+def route_sections(params: Params, route: Route) -> list[str]:
+    """The params sections that shaped a model of ``route``: its own, then those of the model it started from."""
+    start = {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model}[route]
+    return [route] + ([] if start == "base" else route_sections(params, start))
+
+
+def _flatten(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    flat = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}"
+        flat |= _flatten(value, name) if isinstance(value, dict) else {name: value}
+    return flat
+
+
+def changed_params(params: Params, sections: list[str]) -> list[tuple[str, Any, Any]]:
+    """``(dotted name, value, default)`` of each param of ``sections`` that differs from the code's default."""
+    defaults = Params()
+    changed = []
+    for section in sections:
+        ran = _flatten(dataclasses.asdict(getattr(params, section)), section)
+        default = _flatten(dataclasses.asdict(getattr(defaults, section)), section)
+        changed += [(name, value, default[name]) for name, value in ran.items() if value != default[name]]
+    return changed
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_commit(directory: Path = Path(".")) -> str:
+    """``git rev-parse HEAD`` in ``directory`` (a stage runs in its repository: a queued DVC experiment's too, a
+    temporary repository with a commit of its own), or ``unknown`` outside a repository or without git."""
+    try:
+        shown = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return shown.stdout.strip() if shown.returncode == 0 else "unknown"
+
+
+def validation_line(best: BestCheckpoint, unit: str) -> str:
+    """The best validation accuracy, its 95% interval where the evaluation gave one, and when it was reached."""
+    if best.step is None:
+        return "no validation evaluation"
+    line = f"{best.accuracy:.4f}"
+    if best.interval is not None:
+        interval = best.interval
+        line += f" (95% interval [{interval['low']:.4f}, {interval['high']:.4f}], {interval['method']})"
+    return f"{line} at {unit} {best.step}"
+
+
+def render_card(
+    params: Params,
+    route: Route,
+    checkpoint: str,
+    best: BestCheckpoint,
+    unit: str,
+    data_files: list[Path],
+    commit: str,
+) -> str:
+    """The card's Markdown. ``checkpoint`` says which of the run's policies this is (e.g. "the step with the best
+    validation accuracy"); ``unit`` names what ``best.step`` counts (step, round)."""
+    sections = route_sections(params, route)
+    starts = " → ".join(["base", *reversed(sections)])
+    lines = [
+        f"# reasonrl {route} model",
+        "",
+        f"Trained by the reasonrl pipeline: {ROUTE_NAMES[route]}; this directory holds {checkpoint}.",
+        "",
+        f"- **Base model:** `{params.model.name}`",
+        f"- **Route:** {starts}",
+        f"- **Best validation accuracy:** {validation_line(best, unit)}",
+        "- **Test accuracy:** not known when the model was saved; the `final_eval` stage measures it later "
+        "(`reports/final/metrics.json`).",
+        f"- **Git commit:** `{commit}` (HEAD when the stage ran: the params below are those it ran with, uncommitted "
+        "changes such as `dvc exp run -S` included)",
+        "",
+        "## Params that differ from the defaults",
+        "",
+    ]
+    changed = changed_params(params, ["data", "model", "rollout", "eval", *sections])
+    if changed:
+        lines += ["| param | value | default |", "|---|---|---|"]
+        lines += [f"| `{name}` | `{value!r}` | `{default!r}` |" for name, value, default in changed]
+    else:
+        lines.append("None.")
+    lines += ["", "## Data (sha256)", "", "| file | sha256 |", "|---|---|"]
+    lines += [f"| `{path.as_posix()}` | `{file_sha256(path)}` |" for path in data_files]
+    return "\n".join(lines) + "\n"
