@@ -119,6 +119,11 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
         assert expected.keys() == actual.keys()
         for name in expected:
             assert (expected[name] == actual[name]).all(), f"{kind}/{name} differs after resume"
+    # The cards match too: the best step's validation interval survives the resume.
+    for kind in ("final", "best"):
+        card = (resumed / "grpo" / kind / "README.md").read_text(encoding="utf-8")
+        assert card == (uninterrupted / "grpo" / kind / "README.md").read_text(encoding="utf-8")
+        assert "95% interval [" in card and "| `grpo.lr_schedule` | `'cosine'` | `'constant'` |" in card
     init, final = load_file(model / "base/model.safetensors"), load_file(resumed / "grpo/final/model.safetensors")
     assert any(not torch.equal(init[name], final[name]) for name in init.keys() & final.keys()), "weights never moved"
     expected, actual = (json.loads((run / "metrics.json").read_text()) for run in (uninterrupted, resumed))
