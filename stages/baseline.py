@@ -21,7 +21,10 @@ def main() -> None:
     test = load_gsm8k(Path(args.data) / "test.jsonl")
 
     engine = RolloutEngine(args.model, params.rollout)
-    results = {name: evaluate(engine, test, name, params.eval, progress=name) for name in params.baseline.prompts}
+    results = {
+        name: evaluate(engine, test, name, params.eval, progress=name, rewards=params.rewards.specs)
+        for name in params.baseline.prompts
+    }
     with atomic_directory(args.generations) as staging:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)

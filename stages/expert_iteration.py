@@ -30,7 +30,9 @@ def main() -> None:
 
     engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
     with open_live(args.live) as live:
-        best = run_expert_iteration(policy, tokenizer, engine, train, val, config, params.eval, live)
+        best = run_expert_iteration(
+            policy, tokenizer, engine, train, val, config, params.eval, live, params.rewards.specs
+        )
     checkpoint = "the round with the best validation accuracy"
     card = render_card(params, "ei", checkpoint, best, "round", [train_file, val_file], git_commit())
     save_policy(policy, tokenizer, args.out, best.state_dict, card)

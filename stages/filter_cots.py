@@ -1,4 +1,5 @@
-"""Stage filter_cots: GSM8K train → SFT pairs in the r1_zero format, all (full) and verified-correct (filtered)."""
+"""Stage filter_cots: GSM8K train → SFT pairs in the r1_zero format, all (full) and verified-correct (filtered: the
+reference response earns reward 1 from ``rewards.r1_zero``)."""
 
 import statistics
 from pathlib import Path
@@ -7,6 +8,7 @@ from transformers import AutoTokenizer
 
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
+from reasonrl.config import load_params
 from reasonrl.cot_filter import DROP_REASONS, make_sft_pairs
 from reasonrl.data import load_gsm8k
 
@@ -28,7 +30,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output directory for full.jsonl and filtered.jsonl")
     parser.add_argument("--stats", required=True, help="statistics JSON to write")
     args = parser.parse_args()
-    pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"))
+    params = load_params(args.params)
+    pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"), params.rewards.specs)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
 
     full = [{"prompt": pair.prompt, "response": pair.response} for pair in pairs]

@@ -1,5 +1,6 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
-(and reward function) it was trained with: ``grpo.prompt`` for the model named grpo, r1_zero for the others."""
+(and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``grpo.prompt`` for the model named grpo,
+r1_zero for the others."""
 
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def main() -> None:
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
     engine = RolloutEngine(next(iter(models.values())), params.rollout)
-    results = evaluate_checkpoints(engine, models, test, prompts, params.eval, seed=params.rollout.seed)
+    results = evaluate_checkpoints(
+        engine, models, test, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
+    )
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
     add_paired_comparisons(results, {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model})
     # A second, independent grader on every answer: its disagreements with ours go to the report.

@@ -53,6 +53,7 @@ def main() -> None:
             init_model_dir=start,
             distributed=params.distributed,
             ranks=ranks,
+            rewards=params.rewards.specs,
         )
         final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
         if not ranks.is_main:

@@ -37,7 +37,7 @@ def main() -> None:
 
     engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
     with open_live(args.live) as live:
-        best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live)
+        best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live, params.rewards.specs)
     checkpoint = "the step with the best validation accuracy"
     card = render_card(params, "sft", checkpoint, best, "step", [pairs_file, val_file], git_commit())
     save_policy(policy, tokenizer, args.out, best.state_dict, card)

@@ -21,6 +21,7 @@ import yaml
 from reasonrl.errors import ConfigError
 from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
+from reasonrl.rewards import RewardSpecError, check_reward
 from reasonrl.schedules import LR_SCHEDULES
 
 # The closed sets of names a param can take, from the registries that give each name its meaning.
@@ -265,6 +266,34 @@ class BaselineConfig:
         unknown = [name for name in self.prompts if name not in PROMPT_NAMES]
         _require(not unknown, "baseline.prompts", f"unknown {unknown}; choose from {list(PROMPT_NAMES)}")
         _require(bool(self.prompts), "baseline.prompts", "must name at least one prompt")
+
+
+class _RewardSpecs:
+    """``rewards``: the reward function of each prompt (one field per prompt of :data:`PROMPT_NAMES`, defaulting to its
+    built-in): a built-in's name or ``rewards.<module>:<function>`` from the repository's ``rewards/`` package. Every
+    stage that grades a prompt's responses uses its entry (``reasonrl.rewards``). Each is imported and probed here,
+    before any model loads."""
+
+    @property
+    def specs(self) -> dict[str, str]:
+        """Prompt name → reward spec."""
+        return dataclasses.asdict(self)
+
+    def __post_init__(self) -> None:
+        for prompt, spec in self.specs.items():
+            try:
+                check_reward(spec)
+            except RewardSpecError as error:
+                raise ConfigError(f"rewards.{prompt}: {error}") from None
+
+
+# Generated from the prompt registry: a new prompt gets its entry, defaulting to the built-in of the same name.
+RewardsConfig = dataclasses.make_dataclass(
+    "RewardsConfig",
+    [(prompt, str, field(default=prompt)) for prompt in PROMPT_NAMES],
+    bases=(_RewardSpecs,),
+    frozen=True,
+)
 
 
 LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -674,6 +703,7 @@ class Params:
     rollout: EngineConfig = field(default_factory=EngineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     ei: EIConfig = field(default_factory=EIConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

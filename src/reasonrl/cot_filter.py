@@ -2,19 +2,21 @@
 
 GSM8K solutions carry calculator annotations, ``48/2 = <<48/2=24>>24``. The response keeps the reasoning without
 them, in the r1_zero format: ``<reasoning> </think> <answer> N </answer>``. A pair is kept for ``filtered`` when
-that response earns reward 1 from the grader and every annotation is arithmetically right.
+that response earns reward 1 from r1_zero's reward (params' ``rewards.r1_zero``) and every annotation is
+arithmetically right.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
 from reasonrl.data import GSM8KExample
-from reasonrl.grading import r1_zero_reward_fn
 from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.rewards import RewardFn, prompt_reward
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 _TOKEN = re.compile(r"\s*(\d+\.?\d*|\.\d+|\*\*|//|[-+*/x^()])")
@@ -139,19 +141,20 @@ def check_annotation(annotation: str) -> str | None:
     return None if rounded or truncated else "annotation_wrong"
 
 
-def make_sft_pair(example: GSM8KExample, template: str) -> SFTPair:
+def make_sft_pair(example: GSM8KExample, template: str, reward_fn: RewardFn) -> SFTPair:
     response = reference_response(example)
     drop_reason = None
     for annotation in _ANNOTATION.findall(example.reasoning):
         drop_reason = check_annotation(annotation)
         if drop_reason:
             break
-    if r1_zero_reward_fn(response, example.answer)["reward"] != 1.0:
+    if reward_fn(response, example.answer)["reward"] != 1.0:
         drop_reason = "reward"
     return SFTPair(prompt=format_prompt(template, example.question), response=response, drop_reason=drop_reason)
 
 
-def make_sft_pairs(examples: list[GSM8KExample]) -> list[SFTPair]:
-    """One pair per example, in order, each marked with why it would be dropped (if it would)."""
-    template = load_prompt("r1_zero")
-    return [make_sft_pair(example, template) for example in examples]
+def make_sft_pairs(examples: list[GSM8KExample], rewards: Mapping[str, str] | None = None) -> list[SFTPair]:
+    """One pair per example, in order, each marked with why it would be dropped (if it would); ``rewards``' r1_zero
+    entry grades the responses (None: the built-in)."""
+    template, reward_fn = load_prompt("r1_zero"), prompt_reward("r1_zero", rewards)
+    return [make_sft_pair(example, template, reward_fn) for example in examples]

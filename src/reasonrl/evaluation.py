@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import ANSWER_FNS, REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import ANSWER_FNS, format_prompt, load_prompt
+from reasonrl.rewards import prompt_reward
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -135,12 +136,15 @@ def evaluate(
     config: EvalConfig,
     seed: int | None = None,
     progress: str | None = None,
+    rewards: Mapping[str, str] | None = None,
 ) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
-    that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream).
-    ``progress`` labels a progress bar over the answers; None (validation inside a training loop, which has its
-    own bar) shows none."""
-    template, reward_fn, answer_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name], ANSWER_FNS[prompt_name]
+    that prompt's reward function, ``rewards[prompt_name]`` (params' ``rewards``; None: the built-in). ``seed``
+    makes the sampling repeatable (None: the engine's running stream). ``progress`` labels a progress bar over the
+    answers; None (validation inside a training loop, which has its own bar) shows none. The answer a majority vote
+    counts is the prompt's built-in reading of the response, whichever function grades it."""
+    template, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
+    reward_fn = prompt_reward(prompt_name, rewards)
     examples = examples[: config.num_examples]
     prompts = [format_prompt(template, example.question) for example in examples]
     outputs = engine.generate(
@@ -179,9 +183,11 @@ def evaluate_checkpoints(
     prompt_names: Mapping[str, str],
     config: EvalConfig,
     seed: int,
+    rewards: Mapping[str, str] | None = None,
 ) -> dict[str, EvalResult]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
-    ``examples`` with the prompt (and its reward function) it was trained with, ``prompt_names[name]``; one after
+    ``examples`` with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward
+    (``rewards``, as :func:`evaluate`); one after
     another in the same engine, with identical sampling settings and seed, each with a progress bar labelled by its
     name. Each summary records its ``prompt``."""
     import torch
@@ -195,7 +201,7 @@ def evaluate_checkpoints(
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)
         del model
-        result = evaluate(engine, examples, prompt_names[name], full, seed=seed, progress=name)
+        result = evaluate(engine, examples, prompt_names[name], full, seed=seed, progress=name, rewards=rewards)
         results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
     return results
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from reasonrl.grading import r1_zero_reward_fn
 from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.rewards import prompt_reward
 from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
 
 if TYPE_CHECKING:
@@ -21,13 +22,18 @@ if TYPE_CHECKING:
 
 
 def correct_pairs(
-    questions: list[GSM8KExample], prompts: list[str], samples: list[list[Sample]]
+    questions: list[GSM8KExample],
+    prompts: list[str],
+    samples: list[list[Sample]],
+    rewards: Mapping[str, str] | None = None,
 ) -> tuple[list[Pair], int]:
-    """The rollouts that earn reward 1, as SFT pairs, and how many questions have at least one."""
+    """The rollouts that earn reward 1 from ``rewards``' r1_zero entry (None: the built-in), as SFT pairs, and how
+    many questions have at least one."""
+    reward_fn = prompt_reward("r1_zero", rewards)
     kept: list[Pair] = []
     solved = 0
     for example, prompt, group in zip(questions, prompts, samples, strict=True):
-        correct = [s.text for s in group if r1_zero_reward_fn(s.text, example.answer)["reward"] == 1.0]
+        correct = [s.text for s in group if reward_fn(s.text, example.answer)["reward"] == 1.0]
         kept.extend(Pair(prompt, text) for text in correct)
         solved += bool(correct)
     return kept, solved
@@ -42,9 +48,11 @@ def run_expert_iteration(
     config: EIConfig,
     eval_config: EvalConfig,
     live: Live,
+    rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
     """``config.n_steps`` rounds; a round with no correct rollout is logged (``ei/skipped_rounds``) and makes no
-    update. Validation after every round; returns the best round's weights."""
+    update. Validation after every round; returns the best round's weights. ``rewards``' r1_zero entry grades both
+    the rollouts and the validation (None: the built-in)."""
     template = load_prompt("r1_zero")
     question_rng = random.Random(config.seed)
     best = BestCheckpoint()
@@ -63,7 +71,7 @@ def run_expert_iteration(
                 max_tokens=config.max_tokens,
                 stop=eval_config.stop,
             )
-        kept, solved = correct_pairs(questions, prompts, samples)
+        kept, solved = correct_pairs(questions, prompts, samples, rewards)
         lengths = [sample.length for group in samples for sample in group]
         live.log_metric("rollout/questions_with_correct", solved)
         live.log_metric("rollout/kept_pairs", len(kept))
@@ -82,7 +90,7 @@ def run_expert_iteration(
         live.log_metric("ei/skipped_rounds", skipped)
 
         # Validate the round's weights.
-        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
+        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples, rewards=rewards).metrics
         log_validation(live, val_metrics)
         best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
         live.next_step()

@@ -17,7 +17,7 @@ import pickle
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -48,7 +48,8 @@ from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
-from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.rewards import prompt_reward, user_code_digest
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
@@ -155,6 +156,7 @@ def draw_rollouts(
     stop: list[str],
     step_seed: int,
     ranks: Ranks = SINGLE,
+    rewards: Mapping[str, str] | None = None,
 ) -> DrawnRollouts:
     """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each: of this rank's
     data-parallel group's share of them, with the group's own sampling seed (the draw is the same on every rank, so
@@ -167,7 +169,8 @@ def draw_rollouts(
     trains on the groups it has, and says so (its last optimizer step at a learning rate scaled by its share of a
     train batch); with none at all it keeps the first round's groups, whose zero advantages make no update (see
     :func:`has_learning_signal`).
-    Every draw and seed is a function of ``step_seed``: a resumed run replays it.
+    Every draw and seed is a function of ``step_seed``: a resumed run replays it. ``rewards[config.prompt]`` grades
+    the groups (None: the prompt's built-in).
     """
     wanted = min(config.questions_per_step, len(train))
     questions = ranks.share(random.Random(step_seed).sample(train, wanted))
@@ -176,7 +179,7 @@ def draw_rollouts(
     drawn = DrawnRollouts(questions, prompts, samples, sampled_questions=questions, sampled_samples=samples)
     if not config.dynamic_sampling:
         return drawn
-    reward_fn, group = REWARD_FNS[config.prompt], config.group_size
+    reward_fn, group = prompt_reward(config.prompt, rewards), config.group_size
     kept = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[], sampling_rounds=0)
     used = set()
     while True:
@@ -216,13 +219,20 @@ def score_rollouts(
     prompts: list[str],
     samples: list[Sample],
     config: GRPOConfig,
+    rewards: Mapping[str, str] | None = None,
 ) -> RolloutBatch:
-    """Rewards and group-normalised advantages; training tensors from the exact sampled token ids."""
+    """Rewards (``rewards[config.prompt]``; None: the prompt's built-in) and group-normalised advantages; training
+    tensors from the exact sampled token ids."""
     group = config.group_size
     responses = [sample.text for sample in samples]
     ground_truths = [example.answer for example in questions for _ in range(group)]
     advantages, raw_rewards, reward_metadata = compute_group_normalized_rewards(
-        REWARD_FNS[config.prompt], responses, ground_truths, group, config.advantage_eps, config.use_std_normalization
+        prompt_reward(config.prompt, rewards),
+        responses,
+        ground_truths,
+        group,
+        config.advantage_eps,
+        config.use_std_normalization,
     )
     # The ids the engine conditioned on, not a re-tokenization (which could drop or add a BOS token).
     prompt_ids = [sample.prompt_token_ids for sample in samples]
@@ -248,22 +258,29 @@ def score_rollouts(
     )
 
 
-def rollout_metrics(drawn: DrawnRollouts, config: GRPOConfig) -> dict[str, Mean]:
+def rollout_metrics(
+    drawn: DrawnRollouts, config: GRPOConfig, rewards: Mapping[str, str] | None = None
+) -> dict[str, Mean]:
     """What a step logs of its rollouts: every group it sampled under ``rollout/`` (with dynamic sampling the dropped
     ones and every round too, so the figures are those a run without it logs), and with dynamic sampling the groups
     kept to train on, apart, under ``rollout/kept_``. Sums and counts: :meth:`Ranks.mean_metrics` divides them."""
-    metrics = sample_metrics(drawn.sampled_questions, drawn.sampled_samples, config, "rollout/")
+    metrics = sample_metrics(drawn.sampled_questions, drawn.sampled_samples, config, "rollout/", rewards)
     if config.dynamic_sampling:
-        metrics |= sample_metrics(drawn.questions, drawn.samples, config, "rollout/kept_")
+        metrics |= sample_metrics(drawn.questions, drawn.samples, config, "rollout/kept_", rewards)
     return metrics
 
 
 def sample_metrics(
-    questions: list[GSM8KExample], samples: list[Sample], config: GRPOConfig, prefix: str
+    questions: list[GSM8KExample],
+    samples: list[Sample],
+    config: GRPOConfig,
+    prefix: str,
+    rewards: Mapping[str, str] | None = None,
 ) -> dict[str, Mean]:
-    """Rewards, the fraction of groups without reward variance, response lengths in tokens (all, correct, incorrect)
-    and the truncated fraction of ``group_size`` samples per question, group after group."""
-    reward_fn, group = REWARD_FNS[config.prompt], config.group_size
+    """Rewards (``rewards[config.prompt]``; None: the prompt's built-in), the fraction of groups without reward
+    variance, response lengths in tokens (all, correct, incorrect) and the truncated fraction of ``group_size``
+    samples per question, group after group."""
+    reward_fn, group = prompt_reward(config.prompt, rewards), config.group_size
     answers = [question.answer for question in questions for _ in range(group)]
     scores = [reward_fn(sample.text, answer) for sample, answer in zip(samples, answers, strict=True)]
     rewards = [score["reward"] for score in scores]
@@ -548,12 +565,16 @@ def fingerprint(
     training_device: str = "cpu",
     stage: Path = GRPO_STAGE,
     source: Path = SOURCE,
+    rewards: Mapping[str, str] | None = None,
 ) -> str:
     """Identifies the inputs a checkpoint was made from: the params (the ranks' world among them: each samples
     its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite the same
     directory), the data, the code the stage runs (``stage``, the package modules it imports from ``source`` and the
-    prompt templates, by content), the versions of the libraries that compute its numbers and, training on CPU,
-    torch's thread count (CPU kernels split their sums by thread). Other inputs → not resumed."""
+    prompt templates, by content), the reward that grades ``config.prompt`` (``rewards``: its spec and, for a
+    user's, the tree's ``rewards/`` package by content), the versions of the libraries that compute its numbers
+    and, training on CPU, torch's thread count (CPU kernels split their sums by thread). Other inputs → not
+    resumed."""
+    reward = config.prompt if rewards is None else rewards[config.prompt]
     identity = {
         "grpo": asdict(config),
         "eval": asdict(eval_config),
@@ -563,6 +584,7 @@ def fingerprint(
         "train": examples_digest(train),
         "val": examples_digest(val),
         "code": code_digest(stage, source),
+        "reward": {"spec": reward, "code": user_code_digest(reward, source.parent)},
         "libraries": library_versions(),
         "cpu_threads": torch.get_num_threads() if training_device == "cpu" else None,
     }
@@ -701,7 +723,7 @@ def resume(
             if made_from != run_fingerprint:
                 tqdm.write(
                     f"GRPO: {checkpoint} was made from other inputs (params, init model, data, code, prompt "
-                    "templates or library versions); starting afresh"
+                    "templates, reward or library versions); starting afresh"
                 )
                 break
             state = load_checkpoint(checkpoint, policy, optimizer, best, live_dir, ranks)
@@ -741,10 +763,11 @@ def run_grpo(
     init_model_dir: str | Path,
     distributed: DistributedConfig | None = None,
     ranks: Ranks = SINGLE,
+    rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
-    """The GRPO loop; resumes from the newest checkpoint in ``checkpoint_dir`` made from the same inputs (see
-    :func:`fingerprint`). The checkpoints stay after a completed run: call :func:`remove_checkpoints` once the
-    returned best and the final policy are saved.
+    """The GRPO loop, graded by ``rewards[config.prompt]`` (None: the prompt's built-in); resumes from the newest
+    checkpoint in ``checkpoint_dir`` made from the same inputs (see :func:`fingerprint`). The checkpoints stay after
+    a completed run: call :func:`remove_checkpoints` once the returned best and the final policy are saved.
 
     Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
     step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
@@ -754,7 +777,9 @@ def run_grpo(
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
-    run_fingerprint = fingerprint(config, eval_config, engine.config, init_model_dir, train, val, distributed, device)
+    run_fingerprint = fingerprint(
+        config, eval_config, engine.config, init_model_dir, train, val, distributed, device, rewards=rewards
+    )
     state = resume(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     if reference is policy:
@@ -773,6 +798,7 @@ def run_grpo(
                 prompt_name=config.prompt,
                 seed=config.seed,
                 ranks=ranks,
+                rewards=rewards,
             )
             metrics = result.metrics
             live.step = state.optimizer_steps
@@ -800,13 +826,13 @@ def run_grpo(
 
             # Rollouts: a group of samples per question, from the engine loaded with the current policy.
             with engine.serving(policy):
-                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed, ranks)
+                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed, ranks, rewards)
             rolled = time.perf_counter()
 
             # Scoring: rewards, group-normalised advantages, training tensors.
-            batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+            batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config, rewards)
             # The step's rollout figures over every rank's samples, logged with each of its optimizer steps.
-            rollout = ranks.mean_metrics(rollout_metrics(drawn, config))
+            rollout = ranks.mean_metrics(rollout_metrics(drawn, config, rewards))
             rollout["rollout/sampling_rounds"] = drawn.sampling_rounds
             if config.dynamic_sampling:
                 rollout["rollout/dropped_groups"] = drawn.dropped_groups

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -259,10 +259,12 @@ def validate(
     prompt_name: str = "r1_zero",
     seed: int | None = None,
     ranks: Ranks = SINGLE,
+    rewards: Mapping[str, str] | None = None,
 ) -> EvalResult:
     """Evaluate the policy on the first ``num_examples`` validation questions, in a generation phase of the engine
-    (woken, loaded with the policy's weights, put back to sleep). Over several ranks each data-parallel group
-    evaluates its share of the questions, and every rank gets the gathered result."""
+    (woken, loaded with the policy's weights, put back to sleep), graded by ``rewards[prompt_name]`` (None: the
+    prompt's built-in). Over several ranks each data-parallel group evaluates its share of the questions, and every
+    rank gets the gathered result."""
     share = ranks.share_range(min(num_examples, len(val)))
     with engine.serving(policy):
         result = evaluate(
@@ -271,6 +273,7 @@ def validate(
             prompt_name,
             dataclasses.replace(eval_config, num_examples=None),
             seed,
+            rewards=rewards,
         )
     if not ranks.distributed:
         return result
@@ -296,8 +299,10 @@ def run_sft(
     val: list[GSM8KExample],
     eval_config: EvalConfig,
     live: Live,
+    rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
-    """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end, keep the best."""
+    """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end (graded by
+    ``rewards``' r1_zero entry; None: the built-in), keep the best."""
     from tqdm import tqdm
 
     total = count_steps(len(pairs), config.batch_size, config.epochs, config.max_steps)
@@ -310,7 +315,7 @@ def run_sft(
         for name, value in metrics.items():
             live.log_metric(name, value)
         if step % config.eval_every == 0 or step == total:
-            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
+            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples, rewards=rewards).metrics
             log_validation(live, val_metrics)
             best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])
         live.next_step()

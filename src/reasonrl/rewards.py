@@ -1,0 +1,141 @@
+"""Which function grades a prompt's responses: a built-in reward (:data:`reasonrl.prompts.REWARD_FNS`) by name, or a
+user's ``rewards.<module>:<function>`` from the ``rewards/`` package at the root of the tree the stage runs in.
+
+Params name one per prompt (``rewards.<prompt>``); every stage that grades that prompt's responses resolves it with
+:func:`reward_fn`, so a user's reward replaces the built-in wherever the prompt is used. A user's function has the
+built-ins' contract: ``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, floats, where a
+``reward`` of 1.0 means right (accuracy, the SFT filter and expert iteration count those) and ``format_reward`` 1.0
+well-formed (the format rate). Majority votes keep reading the prompt's built-in answer function
+(:data:`reasonrl.prompts.ANSWER_FNS`): it says which number a response states, the reward says whether that is right.
+
+The package is loaded from this tree's ``rewards/`` by file location, never found on ``sys.path``: a queued DVC
+experiment runs in a copy of the repository, and its reward must be the copy's (the one its dvc.yaml deps hash),
+not one installed or in the checkout a process happened to start from. The tree is the one ``reasonrl`` itself was
+imported from (every stage command starts with ``PYTHONPATH=src``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from reasonrl.prompts import REWARD_FNS
+
+RewardFn = Callable[[str, str], dict[str, float]]
+PACKAGE = "rewards"
+"""The package of users' reward modules, at the repository root: dvc.yaml's grading stages depend on it whole."""
+ROOT = Path(__file__).resolve().parents[2]
+"""The root of the tree this ``reasonrl`` was imported from (``<root>/src/reasonrl``)."""
+REWARD_KEYS = ("format_reward", "answer_reward", "reward")
+PROBES = (
+    ("2 + 2 = 4 </think> <answer> 4 </answer>", "4"),
+    ("I am not sure. </think> <answer> 5 </answer>", "There are 3 + 4 = 7.\n#### 7"),
+    ("", "1,000"),
+)
+"""(response, ground truth) pairs a user's function must grade without raising before any model loads: right and
+well-formed, wrong with a whole GSM8K answer field as the truth, and empty."""
+
+
+class RewardSpecError(ValueError):
+    """A ``rewards.<prompt>`` value that names no usable reward function; params validation says which param."""
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``"rewards.tolerant:tolerant_reward"`` → ``("rewards.tolerant", "tolerant_reward")``."""
+    module, colon, function = spec.partition(":")
+    if not colon or not function.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
+        raise RewardSpecError(f"{spec!r} is neither a built-in reward ({', '.join(REWARD_FNS)}) nor module:function")
+    if module.split(".")[0] != PACKAGE or module == PACKAGE:
+        raise RewardSpecError(
+            f"module {module!r} is no module of the repository's {PACKAGE}/ package: put it there and name it "
+            f"{PACKAGE}.<module>:<function>, so that DVC sees its file as a dependency of every stage that grades"
+        )
+    return module, function
+
+
+def _tree_package(root: Path) -> None:
+    """Make ``root/rewards`` the process's ``rewards`` package (loaded from its ``__init__.py``), unless it is."""
+    directory = (root / PACKAGE).resolve()
+    loaded = sys.modules.get(PACKAGE)
+    if loaded is not None:
+        where = [Path(path).resolve() for path in getattr(loaded, "__path__", [])]
+        if where != [directory]:
+            raise RewardSpecError(f"this process already imported another {PACKAGE} package ({where or loaded})")
+        return
+    init = directory / "__init__.py"
+    if not init.is_file():
+        raise RewardSpecError(f"{init} is missing: the {PACKAGE}/ package holds users' reward modules")
+    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(directory)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = package
+    try:
+        spec.loader.exec_module(package)
+    except Exception:
+        del sys.modules[PACKAGE]
+        raise
+
+
+def reward_fn(spec: str, root: Path = ROOT) -> RewardFn:
+    """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call), or
+    ``rewards.<module>:<function>`` imported from ``root/rewards``."""
+    if spec in REWARD_FNS:
+        return REWARD_FNS[spec]
+    module_name, function_name = parse_spec(spec)
+    try:
+        _tree_package(root)
+        module = importlib.import_module(module_name)
+    except RewardSpecError:
+        raise
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name + ".").startswith(error.name + "."):
+            raise RewardSpecError(f"no module {module_name} in {root / PACKAGE}") from None
+        raise RewardSpecError(f"importing {module_name} failed: {type(error).__name__}: {error}") from None
+    except Exception as error:
+        raise RewardSpecError(f"importing {module_name} failed: {type(error).__name__}: {error}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise RewardSpecError(f"{module_name} ({module.__file__}) has no function {function_name}")
+    return function
+
+
+def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
+    """:func:`reward_fn`, after probing it on :data:`PROBES`: each call must return a dict of exactly
+    :data:`REWARD_KEYS`, each a finite float."""
+    function = reward_fn(spec, root)
+    for response, ground_truth in PROBES:
+        probe = f"on the probe ({response!r}, {ground_truth!r})"
+        try:
+            result = function(response, ground_truth)
+        except Exception as error:
+            raise RewardSpecError(f"{spec} raised {type(error).__name__}: {error} {probe}") from None
+        if not isinstance(result, dict) or set(result) != set(REWARD_KEYS):
+            raise RewardSpecError(
+                f"{spec} must return a dict of exactly {', '.join(REWARD_KEYS)}; it returned {result!r} {probe}"
+            )
+        if not all(isinstance(result[key], float) and math.isfinite(result[key]) for key in REWARD_KEYS):
+            raise RewardSpecError(f"{spec} must return finite floats; it returned {result!r} {probe}")
+    return function
+
+
+def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None) -> RewardFn:
+    """The function that grades ``prompt``'s responses: ``rewards[prompt]`` (params' ``rewards`` section); the
+    prompt's built-in when ``rewards`` is None."""
+    return reward_fn(prompt if rewards is None else rewards[prompt])
+
+
+def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
+    """SHA-256 over the ``.py`` files of ``root/rewards`` by relative name and content when ``spec`` is a user's
+    (the module may import its neighbours); None for a built-in, whose code the stage's own code digest holds."""
+    if spec in REWARD_FNS:
+        return None
+    directory = root / PACKAGE
+    digest = hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts):
+        content = file.read_bytes()
+        digest.update(f"{file.relative_to(directory).as_posix()}\0{len(content)}\0".encode() + content)
+    return digest.hexdigest()
