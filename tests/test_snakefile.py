@@ -44,7 +44,7 @@ def workflow_copy(tmp_path: Path, full_scale_params: str):
             shutil.copy2(REPO / name, tmp_path / name)
         (tmp_path / "params.yaml").write_text(full_scale_params, encoding="utf-8")
         apply_to_file(overrides or {}, tmp_path / "params.yaml")
-        for name in ("src", "stages", "profiles"):
+        for name in ("src", "stages", "profiles", "rewards"):
             (tmp_path / name).symlink_to(REPO / name)
         return tmp_path
 

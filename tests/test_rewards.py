@@ -1,0 +1,201 @@
+"""A prompt's reward is a param: a built-in by name or a user's ``rewards.<module>:<function>`` from the repository's
+``rewards/`` package, checked when params load (imported, probed), used by every stage that grades the prompt,
+declared as those stages' dep and hashed into GRPO's resume fingerprint."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reasonrl.code_deps import import_closure, source_file
+from reasonrl.config import ConfigError, EngineConfig, EvalConfig, GRPOConfig, load_params
+from reasonrl.cot_filter import make_sft_pairs
+from reasonrl.data import GSM8KExample
+from reasonrl.expert_iteration import correct_pairs
+from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
+from reasonrl.pipeline import CODE_FROM_TREE, read_pipeline
+from reasonrl.presets import apply_to_file
+from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
+from reasonrl.rewards import RewardSpecError, check_reward, prompt_reward, reward_fn
+from reasonrl.rollout import Sample
+from reasonrl.sft import Pair
+
+REPO = Path(__file__).resolve().parents[1]
+TOLERANT = "rewards.tolerant:tolerant_reward"
+GRADERS = {"baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"}
+"""The stages that grade responses, hence read ``rewards``."""
+NEAR = " 3 * 100 = 301 </think> <answer> 301 </answer>"
+"""Within 1% of 300: right for the tolerant reward only."""
+
+
+def with_rewards(params_file: Path, **specs: str) -> Path:
+    apply_to_file({f"rewards.{prompt}": spec for prompt, spec in specs.items()}, params_file)
+    return params_file
+
+
+def test_each_prompt_defaults_to_its_built_in_reward(params_file):
+    assert load_params(params_file).rewards.specs == {name: name for name in PROMPT_NAMES}
+    assert prompt_reward("r1_zero") is r1_zero_reward_fn and prompt_reward("question_only") is question_only_reward_fn
+    assert all(reward_fn(name) is REWARD_FNS[name] for name in PROMPT_NAMES)
+
+
+def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file):
+    specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
+    assert specs == {"r1_zero": TOLERANT, "question_only": "question_only"}
+    tolerant_reward = prompt_reward("r1_zero", specs)
+    assert tolerant_reward.__code__.co_filename == str(REPO / "rewards/tolerant.py")
+    assert prompt_reward("question_only", specs) is question_only_reward_fn
+    assert tolerant_reward(NEAR, "300") == {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
+    assert r1_zero_reward_fn(NEAR, "300")["reward"] == 0.0
+    # expert iteration's filter
+    question = GSM8KExample("q", "", "300")
+    samples = [[Sample(NEAR, [1], None, prompt_token_ids=[2], finish="stop_string")]]
+    assert correct_pairs([question], ["p"], samples, specs) == ([Pair("p", NEAR)], 1)
+    assert correct_pairs([question], ["p"], samples) == ([], 0)
+    # the SFT filter grades the reference responses with it
+    always_wrong = {"r1_zero": "rewards.tolerant:FORMAT_CREDIT"}  # refused by params; the filter trusts its caller
+    example = GSM8KExample("q", "3 * 100 = <<3*100=300>>300", "300")
+    assert make_sft_pairs([example], specs)[0].drop_reason is None
+    with pytest.raises(RewardSpecError, match="has no function FORMAT_CREDIT"):
+        make_sft_pairs([example], always_wrong)
+
+
+def test_grpo_scores_rollouts_with_the_users_reward(params_file):
+    from reasonrl.grpo import sample_metrics
+
+    specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
+    config = GRPOConfig()
+    wrong = " 3 * 100 = 350 </think> <answer> 350 </answer>"  # well-formed: the tolerant reward's partial credit
+    texts = [NEAR, wrong] * (config.group_size // 2)
+    samples = [Sample(text, [1], None, prompt_token_ids=[2], finish="stop_string") for text in texts]
+    questions = [GSM8KExample("q", "", "300")]
+    mean = sample_metrics(questions, samples, config, "", specs)["reward"]
+    assert mean.total / mean.count == pytest.approx(0.55)
+    assert sample_metrics(questions, samples, config, "")["reward"].total == 0.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("os.path:join", "module 'os.path' is no module of the repository's rewards/ package"),
+        ("rewards:tolerant", "module 'rewards' is no module of the repository's rewards/ package"),
+        ("tolerant", r"'tolerant' is neither a built-in reward \(r1_zero, question_only\) nor module:function"),
+        ("rewards.tolerant", "'rewards.tolerant' is neither a built-in reward"),
+        ("rewards.missing:reward", "no module rewards.missing in "),
+        ("rewards.tolerant:missing", "rewards.tolerant .*tolerant.py. has no function missing"),
+        ("rewards.tolerant:RELATIVE_TOLERANCE", r"rewards.tolerant \(.*\) has no function RELATIVE_TOLERANCE"),
+        ("rewards.tolerant:single_number", r"rewards.tolerant:single_number raised TypeError: .* on the probe \("),
+    ],
+)
+def test_a_reward_that_cannot_grade_is_refused_when_params_load(params_file, spec, message):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(params_file))}: rewards.r1_zero: {message}"):
+        load_params(with_rewards(params_file, r1_zero=spec))
+
+
+@pytest.fixture
+def other_tree(tmp_path):
+    """A second tree with its own rewards/ package, made the process's for the test (and the repository's after)."""
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards/__init__.py").write_text("")
+    saved = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "rewards"}
+    for name in saved:
+        del sys.modules[name]
+    yield tmp_path
+    for name in [name for name in sys.modules if name.split(".")[0] == "rewards"]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("return {'format_reward': 1.0, 'reward': 1.0}", "must return a dict of exactly format_reward, answer_reward"),
+        ("return {'format_reward': 1.0, 'answer_reward': 1.0, 'reward': 1.0, 'answer': '4'}", "exactly"),
+        ("return [1.0, 1.0, 1.0]", "must return a dict of exactly"),
+        ("return {'format_reward': 1, 'answer_reward': 1, 'reward': 1}", "must return finite floats"),
+        ("return {'format_reward': 1.0, 'answer_reward': True, 'reward': 1.0}", "must return finite floats"),
+        ("return {'format_reward': 1.0, 'answer_reward': 1.0, 'reward': float('nan')}", "must return finite floats"),
+        ("return {'format_reward': 1.0, 'answer_reward': 1.0, 'reward': 1.0 / len(response)}", "ZeroDivisionError"),
+    ],
+)
+def test_a_reward_is_probed_for_the_contract(other_tree, body, message):
+    (other_tree / "rewards/mine.py").write_text(f"def reward(response, ground_truth):\n    {body}\n")
+    with pytest.raises(RewardSpecError, match=message):
+        check_reward("rewards.mine:reward", other_tree)
+
+
+def test_a_module_that_fails_to_import_is_refused_by_its_error(other_tree):
+    (other_tree / "rewards/mine.py").write_text("import not_installed_anywhere\n")
+    with pytest.raises(RewardSpecError, match="importing rewards.mine failed: ModuleNotFoundError: No module named"):
+        reward_fn("rewards.mine:reward", other_tree)
+    with pytest.raises(RewardSpecError, match="already imported another rewards package"):
+        reward_fn(TOLERANT)  # one process, one tree's rewards
+
+
+PROBE = f"from reasonrl.rewards import reward_fn; print(reward_fn({TOLERANT!r}).__code__.co_filename)"
+
+
+def test_a_stage_grades_with_the_rewards_of_the_tree_it_runs_in(tmp_path):
+    """As DVC runs a queued experiment in a copy of the repository: the copy's rewards/, even with another checkout's
+    package first on sys.path (as with ``python -m`` from that checkout)."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "src/reasonrl", tmp_path / "src/reasonrl", ignore=ignore)
+    shutil.copytree(REPO / "rewards", tmp_path / "rewards", ignore=ignore)
+    command = f"{CODE_FROM_TREE}{sys.executable} -c {PROBE!r}"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"src:{REPO}"}  # the checkout after the copy's src, as python -m
+    result = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == str(tmp_path / "rewards/tolerant.py")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("stages", "src/reasonrl", "rewards"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=ignore)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")
+    return tmp_path
+
+
+def grpo_fingerprint(tree: Path, spec: str) -> str:
+    from reasonrl.grpo import fingerprint
+
+    rewards = {"r1_zero": spec, "question_only": "question_only"}
+    return fingerprint(
+        GRPOConfig(), EvalConfig(), EngineConfig(), tree / "model", [], [], None, "cpu",
+        tree / "stages/grpo.py", tree / "src", rewards,
+    )  # fmt: skip
+
+
+def test_the_grpo_fingerprint_holds_the_reward_and_its_code(tree):
+    """An edited user reward never resumes a checkpoint it did not grade; with a built-in, rewards/ is no input."""
+    builtin, user = grpo_fingerprint(tree, "r1_zero"), grpo_fingerprint(tree, TOLERANT)
+    assert builtin != user
+    with (tree / "rewards/tolerant.py").open("a") as stream:
+        stream.write("\nFORMAT_CREDIT = 0.2\n")
+    assert grpo_fingerprint(tree, TOLERANT) != user
+    assert grpo_fingerprint(tree, "r1_zero") == builtin
+
+
+def test_the_stages_that_grade_depend_on_the_rewards_package_and_params(full_scale_params):
+    stages = read_pipeline(REPO / "dvc.yaml", yaml.safe_load(full_scale_params))
+    assert {name for name, stage in stages.items() if "rewards" in stage.deps} == GRADERS
+    read = {name: {p for p in stage.params if p.split(".")[0] == "rewards"} for name, stage in stages.items()}
+    assert {name: params for name, params in read.items() if params} == {
+        "baseline": {"rewards"},
+        "filter_cots": {"rewards.r1_zero"},
+        "sft": {"rewards.r1_zero"},
+        "expert_iteration": {"rewards.r1_zero"},
+        "grpo": {"rewards"},
+        "final_eval": {"rewards"},
+    }
+    # The example's own imports of reasonrl are deps of every stage that may run it.
+    needed = {
+        source_file(module).relative_to(REPO).as_posix() for module in import_closure(REPO / "rewards/tolerant.py")
+    }
+    assert needed == {"src/reasonrl/__init__.py", "src/reasonrl/grading.py"}
+    assert all(needed <= set(stages[name].deps) for name in GRADERS)
