@@ -4,6 +4,7 @@ task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and 
 import json
 
 import pytest
+import yaml
 from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
 
 from reasonrl.presets import apply_to_file
@@ -121,6 +122,8 @@ def test_a_prompt_edit_makes_exactly_the_stages_that_read_it_stale(repo):
 # DVC caches the params it read within one).
 MODEL_DEPS = """
 import json
+
+import yaml
 from dvc.repo import Repo
 with Repo() as repo:
     stages = {name: repo.stage.collect(name)[0] for name in ("grpo", "expert_iteration")}
@@ -230,3 +233,77 @@ def test_a_queued_experiment_runs_the_code_it_records(repo):
     run(["dvc", "exp", "apply", "queued-edit"], clone, env)
     assert "A queued edit." in (clone / "reports/report.md").read_text()
     assert module.read_text() == original + REPORT_EDIT  # the experiment records the code it ran
+
+
+MARK = 1 / 32
+MARKED_REWARD = "rewards.marked:marked_reward"
+MARKED = f'''"""The shipped example reward, marked: {MARK} where it gives 0, which no built-in gives (0 or 1)."""
+
+from rewards.tolerant import tolerant_reward
+
+
+def marked_reward(response: str, ground_truth: str) -> dict[str, float]:
+    return {{key: value or {MARK} for key, value in tolerant_reward(response, ground_truth).items()}}
+'''
+GRADERS = {"baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"}
+
+
+def add_marked_reward(clone) -> str:
+    """Write the marked reward into the clone's rewards/ (beside the example it imports); its spec.
+
+    The tiny pipeline's few steps leave the models' answers malformed, which any sensible reward, the example's
+    included, grades 0 as the built-in does: only a mark shows who graded."""
+    (clone / "rewards/marked.py").write_text(MARKED)
+    return MARKED_REWARD
+
+
+def assert_graded_by_user_reward(clone) -> None:
+    """After a run with ``rewards.r1_zero`` = :data:`MARKED_REWARD`: every r1_zero response was graded by it, in
+    baseline, GRPO's rollouts and validation, and final_eval (right answers 1.0 as before, the rest marked), the
+    question_only ones by their built-in, and DVC recorded the spec as a param of the stages that grade."""
+
+    def records(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def assert_marked(graded, where):
+        values = {r[key] for r in graded for key in ("format_reward", "answer_reward", "reward")}
+        assert values <= {1.0, MARK} and MARK in values, (where, values)
+
+    assert_marked(records(clone / "reports/baseline/generations/r1_zero.jsonl"), "baseline r1_zero")
+    built_in = {r["reward"] for r in records(clone / "reports/baseline/generations/question_only.jsonl")}
+    assert built_in <= {0.0, 1.0}
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    for route, summary in final.items():
+        if summary["prompt"] == "r1_zero":
+            graded = records(clone / f"reports/final/generations/{route}.jsonl")
+            assert_marked(graded, route)
+            assert summary["accuracy"] == sum(r["reward"] == 1.0 for r in graded) / len(graded)
+    if final["grpo"]["prompt"] == "r1_zero":
+        curve = clone / "reports/grpo/live/plots/metrics/rollout/reward.tsv"
+        assert all(float(line.split("\t")[-1]) >= MARK for line in curve.read_text().splitlines()[1:])
+        examples = [
+            e for path in (clone / "reports/grpo/live/examples").iterdir() for e in json.loads(path.read_text())
+        ]
+        assert {e["reward"] for e in examples} <= {1.0, MARK}
+    lock = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+    for stage in GRADERS:
+        params = lock[stage]["params"]["params.yaml"]
+        spec = params["rewards.r1_zero"] if "rewards.r1_zero" in params else params["rewards"]["r1_zero"]
+        assert spec == MARKED_REWARD, stage
+        assert any(dep["path"] == "rewards" for dep in lock[stage]["deps"]), stage
+
+
+def test_a_users_reward_grades_every_stage_and_an_edit_reruns_them(repo):
+    """``dvc exp run -S rewards.r1_zero=rewards.<module>:<function>``: the user's function, loaded from the
+    repository's rewards/, grades wherever the r1_zero prompt is used; an edit to rewards/ makes exactly the stages
+    that grade stale."""
+    clone, env = repo
+    spec = add_marked_reward(clone)
+    run(["dvc", "exp", "run", "--name", "own-reward", "-S", f"rewards.r1_zero={spec}"], clone, env)
+    assert_graded_by_user_reward(clone)
+    module = clone / "rewards/marked.py"
+    try:
+        module.write_text(MARKED + "# an edit\n")
+        assert set(json.loads(run(["dvc", "status", "--json"], clone, env))) == GRADERS
+    finally:
+        module.write_text(MARKED)
