@@ -105,7 +105,7 @@ def render_card(
         "## Params that differ from the defaults",
         "",
     ]
-    changed = changed_params(params, ["data", "model", "rollout", "eval", *sections])
+    changed = changed_params(params, ["data", "model", "rollout", "eval", "rewards", *sections])
     if changed:
         lines += ["| param | value | default |", "|---|---|---|"]
         lines += [f"| `{name}` | `{value!r}` | `{default!r}` |" for name, value, default in changed]
