@@ -3,7 +3,9 @@ included; ``if TYPE_CHECKING:`` blocks excluded, they never run) and the data fi
 prompt templates). dvc.yaml's deps must cover the modules, and list the templates the stage reads by name
 (tests/test_code_deps.py). A GRPO checkpoint's fingerprint hashes all of it, every template included (the one GRPO
 reads is a param; an edit to another only forgoes a resume), so a code or prompt edit is never resumed from a
-checkpoint the old code made."""
+checkpoint the old code made. Users' reward modules (``rewards/`` at the repository root) are no part of it: the
+grading stages depend on that package whole, and GRPO's fingerprint hashes it when a user's reward grades
+(:func:`reasonrl.rewards.user_code_digest`)."""
 
 from __future__ import annotations
 
