@@ -32,8 +32,8 @@ test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: setup
-	$(BIN)/ruff check src tests stages bench
-	$(BIN)/ruff format --check src tests stages bench
+	$(BIN)/ruff check src tests stages bench rewards
+	$(BIN)/ruff format --check src tests stages bench rewards
 
 clean-venv:
 	rm -rf $(VENV)
