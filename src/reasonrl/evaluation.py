@@ -187,9 +187,8 @@ def evaluate_checkpoints(
 ) -> dict[str, EvalResult]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
     ``examples`` with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward
-    (``rewards``, as :func:`evaluate`); one after
-    another in the same engine, with identical sampling settings and seed, each with a progress bar labelled by its
-    name. Each summary records its ``prompt``."""
+    (``rewards``, as :func:`evaluate`); one after another in the same engine, with identical sampling settings and
+    seed, each with a progress bar labelled by its name. Each summary records its ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM
 
