@@ -63,8 +63,11 @@ def test_sft_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tm
         for p in problems
     ]
     config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2)
-    with open_live(str(tmp_path / "live")) as live:
-        run_sft(policy, tokenizer, pairs, config, engine, problems[:2], EVAL, live)
+    run_sft(
+        policy, tokenizer, pairs, config, engine, problems[:2], EVAL,
+        open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
+        checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
+    )  # fmt: skip
     recorder.check(expected_wakes=2)  # validation after steps 2 and 4
 
 
@@ -74,8 +77,11 @@ def test_expert_iteration_trains_while_the_engine_sleeps(engine, tiny_model_dir,
     config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
     # A round whose rollouts are all wrong trains on nothing: make every round keep its pairs by rewarding anything.
     monkeypatch.setattr("reasonrl.expert_iteration.r1_zero_reward_fn", lambda response, truth: {"reward": 1.0})
-    with open_live(str(tmp_path / "live")) as live:
-        run_expert_iteration(policy, tokenizer, engine, problems, problems[:2], config, EVAL, live)
+    run_expert_iteration(
+        policy, tokenizer, engine, problems, problems[:2], config, EVAL,
+        open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
+        checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
+    )  # fmt: skip
     recorder.check(expected_wakes=4)  # each round: sampling, then validation
 
 
