@@ -110,9 +110,9 @@ def test_expert_iteration_resumed_after_a_crash_ends_as_an_uninterrupted_run(
 ):
     """Every rollout kept (a reward of 1 for anything), so every round trains: a run that crashes right after round
     1's checkpoint, rerun from a freshly loaded policy, resumes there and ends with the uninterrupted run's weights,
-    best round and curves (round 2 and 3's questions, samples and SFT order redrawn from their seeds)."""
+    best round and curves (round 2's questions, samples and SFT order redrawn from their seeds)."""
     monkeypatch.setattr("reasonrl.expert_iteration.r1_zero_reward_fn", lambda response, truth: {"reward": 1.0})
-    config = EIConfig(n_steps=3, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
+    config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
 
     def run(work):
         policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
@@ -147,4 +147,4 @@ def test_expert_iteration_resumed_after_a_crash_ends_as_an_uninterrupted_run(
     assert all(torch.equal(t, resumed_best.state_dict[n]) for n, t in expected_best.state_dict.items())
     for curve in ("train/loss.tsv", "rollout/kept_pairs.tsv", "eval/accuracy.tsv"):
         tables = [(tmp_path / name / "live/plots/metrics" / curve).read_text() for name in ("uninterrupted", "resumed")]
-        assert tables[0] == tables[1] and len(tables[0].splitlines()) == 1 + 3, curve
+        assert tables[0] == tables[1] and len(tables[0].splitlines()) == 1 + 2, curve
