@@ -1,9 +1,10 @@
-"""Stage expert_iteration: rounds of sampling, keeping correct answers and fine-tuning on them."""
+"""Stage expert_iteration: rounds of sampling, keeping correct answers and fine-tuning on them. Resumable."""
 
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json
+from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
+from reasonrl.checkpoints import remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
@@ -18,6 +19,7 @@ def main() -> None:
     parser.add_argument("--models", required=True, help="the model directory: the rounds start from its ei.init_model")
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output model directory (best round)")
+    parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
@@ -28,23 +30,37 @@ def main() -> None:
     train_file, val_file = Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"
     train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
-    engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
-    with open_live(args.live) as live:
+    # One run at a time writes the checkpoints, the curves and the outputs.
+    with exclusive_lock(args.checkpoints):
+        remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+        engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
         best = run_expert_iteration(
-            policy, tokenizer, engine, train, val, config, params.eval, live, params.rewards.specs
+            policy,
+            tokenizer,
+            engine,
+            train,
+            val,
+            config,
+            params.eval,
+            open_live=lambda resume: open_live(args.live, resume=resume),
+            live_dir=Path(args.live),
+            checkpoint_dir=Path(args.checkpoints),
+            init_model_dir=start,
+            rewards=params.rewards.specs,
         )
-    checkpoint = "the round with the best validation accuracy"
-    card = render_card(params, "ei", checkpoint, best, "round", [train_file, val_file], git_commit())
-    save_policy(policy, tokenizer, args.out, best.state_dict, card)
-    atomic_write_json(
-        args.metrics,
-        {
-            "best_val_accuracy": best.accuracy,
-            "best_round": best.step,
-            "trainable_parameters": trainable_parameter_count(policy),
-            "wall_clock_seconds": round(time.perf_counter() - started, 1),
-        },
-    )
+        checkpoint = "the round with the best validation accuracy"
+        card = render_card(params, "ei", checkpoint, best, "round", [train_file, val_file], git_commit())
+        save_policy(policy, tokenizer, args.out, best.state_dict, card)
+        atomic_write_json(
+            args.metrics,
+            {
+                "best_val_accuracy": best.accuracy,
+                "best_round": best.step,
+                "trainable_parameters": trainable_parameter_count(policy),
+                "wall_clock_seconds": round(time.perf_counter() - started, 1),
+            },
+        )
+        remove_checkpoints(Path(args.checkpoints))
     print(f"expert iteration: best validation accuracy {best.accuracy:.3f} after round {best.step}")
 
 

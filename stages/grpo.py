@@ -5,14 +5,15 @@ import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
+from reasonrl.checkpoints import remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
-from reasonrl.grpo import remove_checkpoints, run_grpo
+from reasonrl.grpo import run_grpo
 from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.model_card import git_commit, render_card
-from reasonrl.sft import save_policy, start_training
+from reasonrl.sft import BestCheckpoint, save_policy, start_training
 
 
 def main() -> None:
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="directory with train.jsonl and val.jsonl")
     parser.add_argument("--out", required=True, help="output directory: best/ and final/ models")
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
+    parser.add_argument("--kept", required=True, help="policies kept every grpo.keep_every steps (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves and example rollouts")
     args = parser.parse_args()
@@ -39,6 +41,14 @@ def main() -> None:
             remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
         shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
         engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
+        commit = git_commit()
+
+        def keep(step: int, best: BestCheckpoint) -> None:
+            weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
+            if ranks.is_main:
+                card = render_card(params, "grpo", f"the policy after step {step}", best, "step", data_files, commit)
+                save_policy(policy, tokenizer, Path(args.kept) / f"step_{step:06d}", weights, card)
+
         best = run_grpo(
             policy,
             tokenizer,
@@ -54,11 +64,11 @@ def main() -> None:
             distributed=params.distributed,
             ranks=ranks,
             rewards=params.rewards.specs,
+            keep=keep,
         )
         final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
         if not ranks.is_main:
             return
-        commit = git_commit()
         checkpoints = {
             "final": (final, f"the policy after the last of {config.n_grpo_steps} steps (the best is in best/)"),
             "best": (best.state_dict, "the step with the best validation accuracy"),

@@ -1,15 +1,17 @@
-"""Stage sft: fine-tune the base model on SFT pairs; keep the checkpoint with the best validation accuracy."""
+"""Stage sft: fine-tune the base model on SFT pairs; keep the checkpoint with the best validation accuracy.
+Resumable."""
 
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json
+from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
+from reasonrl.checkpoints import remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
 from reasonrl.lora import trainable_parameter_count
 from reasonrl.model_card import git_commit, render_card
-from reasonrl.sft import Pair, run_sft, save_policy, start_training
+from reasonrl.sft import BestCheckpoint, Pair, run_sft, save_policy, start_training
 
 
 def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
@@ -25,6 +27,8 @@ def main() -> None:
     parser.add_argument("--pairs", required=True, help="directory with full.jsonl and filtered.jsonl")
     parser.add_argument("--data", required=True, help="directory with val.jsonl")
     parser.add_argument("--out", required=True, help="output model directory (best checkpoint)")
+    parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
+    parser.add_argument("--kept", required=True, help="policies kept every sft.keep_every steps (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
@@ -35,22 +39,47 @@ def main() -> None:
     pairs = load_pairs(pairs_file, config.num_examples)
     val = load_gsm8k(val_file)
 
-    engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
-    with open_live(args.live) as live:
-        best = run_sft(policy, tokenizer, pairs, config, engine, val, params.eval, live, params.rewards.specs)
-    checkpoint = "the step with the best validation accuracy"
-    card = render_card(params, "sft", checkpoint, best, "step", [pairs_file, val_file], git_commit())
-    save_policy(policy, tokenizer, args.out, best.state_dict, card)
-    atomic_write_json(
-        args.metrics,
-        {
-            "best_val_accuracy": best.accuracy,
-            "best_step": best.step,
-            "train_pairs": len(pairs),
-            "trainable_parameters": trainable_parameter_count(policy),
-            "wall_clock_seconds": round(time.perf_counter() - started, 1),
-        },
-    )
+    commit = git_commit()
+    # One run at a time writes the checkpoints, the kept policies, the curves and the outputs.
+    with exclusive_lock(args.checkpoints):
+        remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+        engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
+
+        def keep(step: int, best: BestCheckpoint) -> None:
+            card = render_card(
+                params, "sft", f"the policy after optimizer step {step}", best, "step", [pairs_file, val_file], commit
+            )
+            save_policy(policy, tokenizer, Path(args.kept) / f"step_{step:06d}", card=card)
+
+        best = run_sft(
+            policy,
+            tokenizer,
+            pairs,
+            config,
+            engine,
+            val,
+            params.eval,
+            open_live=lambda resume: open_live(args.live, resume=resume),
+            live_dir=Path(args.live),
+            checkpoint_dir=Path(args.checkpoints),
+            init_model_dir=args.model,
+            keep=keep,
+            rewards=params.rewards.specs,
+        )
+        checkpoint = "the step with the best validation accuracy"
+        card = render_card(params, "sft", checkpoint, best, "step", [pairs_file, val_file], commit)
+        save_policy(policy, tokenizer, args.out, best.state_dict, card)
+        atomic_write_json(
+            args.metrics,
+            {
+                "best_val_accuracy": best.accuracy,
+                "best_step": best.step,
+                "train_pairs": len(pairs),
+                "trainable_parameters": trainable_parameter_count(policy),
+                "wall_clock_seconds": round(time.perf_counter() - started, 1),
+            },
+        )
+        remove_checkpoints(Path(args.checkpoints))
     print(f"sft: best validation accuracy {best.accuracy:.3f} at step {best.step}; saved to {args.out}")
 
 

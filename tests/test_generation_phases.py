@@ -8,6 +8,7 @@ every policy forward (training and old log-probs) sees a sleeping engine, and ev
 import pytest
 import torch
 
+from reasonrl import expert_iteration
 from reasonrl.cli import open_live
 from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig
 from reasonrl.data import parse_lines
@@ -17,6 +18,12 @@ from reasonrl.prompts import format_prompt, load_prompt
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft
 from reasonrl.synthetic import arithmetic_lines
+
+
+def keep_everything(response: str, truth: str) -> dict[str, float]:
+    """A reward for expert iteration's filter that keeps every rollout, so each round trains."""
+    return {"reward": 1.0}
+
 
 pytestmark = pytest.mark.slow
 EVAL = EvalConfig(max_tokens=8)
@@ -63,8 +70,11 @@ def test_sft_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tm
         for p in problems
     ]
     config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2)
-    with open_live(str(tmp_path / "live")) as live:
-        run_sft(policy, tokenizer, pairs, config, engine, problems[:2], EVAL, live)
+    run_sft(
+        policy, tokenizer, pairs, config, engine, problems[:2], EVAL,
+        open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
+        checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
+    )  # fmt: skip
     recorder.check(expected_wakes=2)  # validation after steps 2 and 4
 
 
@@ -73,9 +83,12 @@ def test_expert_iteration_trains_while_the_engine_sleeps(engine, tiny_model_dir,
     recorder = PhaseRecorder(engine, policy, monkeypatch)
     config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
     # A round whose rollouts are all wrong trains on nothing: make every round keep its pairs by rewarding anything.
-    monkeypatch.setattr("reasonrl.expert_iteration.r1_zero_reward_fn", lambda response, truth: {"reward": 1.0})
-    with open_live(str(tmp_path / "live")) as live:
-        run_expert_iteration(policy, tokenizer, engine, problems, problems[:2], config, EVAL, live)
+    monkeypatch.setattr("reasonrl.expert_iteration.prompt_reward", lambda prompt, rewards=None: keep_everything)
+    run_expert_iteration(
+        policy, tokenizer, engine, problems, problems[:2], config, EVAL,
+        open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
+        checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
+    )  # fmt: skip
     recorder.check(expected_wakes=4)  # each round: sampling, then validation
 
 
@@ -92,3 +105,52 @@ def test_grpo_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, t
         checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
     )  # fmt: skip
     recorder.check(expected_wakes=4)  # validation at steps 0 and 2, rollouts at steps 0 and 1
+
+
+class Crash(Exception):
+    """Stands for a kill right after a checkpoint reached the disk."""
+
+
+def test_expert_iteration_resumed_after_a_crash_ends_as_an_uninterrupted_run(
+    engine, tiny_model_dir, problems, tmp_path, monkeypatch, capsys
+):
+    """Every rollout kept (a reward of 1 for anything), so every round trains: a run that crashes right after round
+    1's checkpoint, rerun from a freshly loaded policy, resumes there and ends with the uninterrupted run's weights,
+    best round and curves (round 2's questions, samples and SFT order redrawn from their seeds)."""
+    monkeypatch.setattr("reasonrl.expert_iteration.prompt_reward", lambda prompt, rewards=None: keep_everything)
+    config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
+
+    def run(work):
+        policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+        best = run_expert_iteration(
+            policy, tokenizer, engine, problems, problems[:2], config, EVAL,
+            open_live=lambda resume: open_live(str(work / "live"), resume=resume), live_dir=work / "live",
+            checkpoint_dir=work / "checkpoints", init_model_dir=tiny_model_dir,
+        )  # fmt: skip
+        return policy, best
+
+    expected, expected_best = run(tmp_path / "uninterrupted")
+    write = expert_iteration.write_checkpoint
+
+    def write_then_crash(*args):
+        write(*args)
+        raise Crash
+
+    monkeypatch.setattr(expert_iteration, "write_checkpoint", write_then_crash)
+    with pytest.raises(Crash):
+        run(tmp_path / "resumed")
+    monkeypatch.setattr(expert_iteration, "write_checkpoint", write)
+    capsys.readouterr()
+    resumed, resumed_best = run(tmp_path / "resumed")
+    assert f"expert iteration: resuming from {tmp_path / 'resumed/checkpoints/step-000001'} (step 1)" in (
+        capsys.readouterr().out
+    )
+    init = load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
+    weights = resumed.state_dict()
+    assert any(not torch.equal(weights[name], init[name]) for name in init), "no round trained"
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in expected.state_dict().items())
+    assert (resumed_best.step, resumed_best.accuracy) == (expected_best.step, expected_best.accuracy)
+    assert all(torch.equal(t, resumed_best.state_dict[n]) for n, t in expected_best.state_dict.items())
+    for curve in ("train/loss.tsv", "rollout/kept_pairs.tsv", "eval/accuracy.tsv"):
+        tables = [(tmp_path / name / "live/plots/metrics" / curve).read_text() for name in ("uninterrupted", "resumed")]
+        assert tables[0] == tables[1] and len(tables[0].splitlines()) == 1 + 2, curve

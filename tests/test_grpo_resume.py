@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
@@ -50,6 +51,8 @@ OVERRIDES = {
     # A decaying rate after a warm-up that ends in the first checkpoint's interval: the resumed run must take it up.
     "grpo.lr_schedule": "cosine",
     "grpo.warmup_steps": 3,
+    # Policies kept for later at steps 3 and 6: one before the kill, one after the resume.
+    "grpo.keep_every": 3,
 }
 
 
@@ -73,7 +76,7 @@ def stage_command(params: Path, data: Path, models: Path, out: Path) -> list[str
     return [
         sys.executable, str(REPO / "stages/grpo.py"), "--params", str(params),
         "--models", str(models), "--data", str(data),
-        "--out", str(out / "grpo"), "--checkpoints", str(out / "checkpoints"),
+        "--out", str(out / "grpo"), "--checkpoints", str(out / "checkpoints"), "--kept", str(out / "kept"),
         "--metrics", str(out / "metrics.json"), "--live", str(out / "live"),
     ]  # fmt: skip
 
@@ -132,6 +135,17 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     # the resumed curves continue the killed run's: one row per optimizer step, none repeated
     rows = (resumed / "live/plots/metrics/train/loss.tsv").read_text().splitlines()[1:]
     assert [row.split("\t")[0] for row in rows] == [str(step) for step in range(1, 6 * 2 * 2 + 1)]
+    # the policies kept every 3 steps: plain HF directories with a card, the uninterrupted run's weights
+    assert sorted(path.name for path in (resumed / "kept").iterdir()) == ["step_000003", "step_000006"]
+    for name in ("step_000003", "step_000006"):
+        kept = resumed / "kept" / name
+        assert f"the policy after step {int(name[5:])}" in (kept / "README.md").read_text(encoding="utf-8")
+        loaded = AutoModelForCausalLM.from_pretrained(kept).state_dict()
+        expected = load_file(uninterrupted / "kept" / name / "model.safetensors")
+        assert all(torch.equal(loaded[key], tensor) for key, tensor in expected.items())
+    final = load_file(uninterrupted / "grpo/final/model.safetensors")
+    kept = load_file(uninterrupted / "kept/step_000006/model.safetensors")
+    assert all(torch.equal(kept[key], tensor) for key, tensor in final.items())
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import torch
 from tqdm import tqdm
 
+from reasonrl.checkpoints import read_state, read_tensors, restore_live, run_fingerprint, write_checkpoint
+from reasonrl.checkpoints import resume as resume_from
+from reasonrl.code_deps import SOURCE, STAGES, code_digest
+from reasonrl.data import examples_digest
+from reasonrl.models import model_digest
 from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rewards import prompt_reward
+from reasonrl.rewards import prompt_reward, reward_identity
 from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
 
 if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import EIConfig, EvalConfig
+    from reasonrl.config import EIConfig, EngineConfig, EvalConfig
     from reasonrl.data import GSM8KExample
     from reasonrl.rollout import RolloutEngine, Sample
 
@@ -39,6 +48,61 @@ def correct_pairs(
     return kept, solved
 
 
+EI_STAGE = STAGES / "expert_iteration.py"
+
+
+@dataclass
+class EIState:
+    """What a resumed expert iteration needs besides the weights: each round makes its own optimizer."""
+
+    step: int = 0
+    """Rounds completed."""
+    skipped_rounds: int = 0
+    best_accuracy: float = -1.0
+    best_step: int | None = None
+    best_interval: dict[str, Any] | None = None
+
+
+def ei_fingerprint(
+    config: EIConfig,
+    eval_config: EvalConfig,
+    engine_config: EngineConfig,
+    init_model_dir: str | Path,
+    train: list[GSM8KExample],
+    val: list[GSM8KExample],
+    training_device: str = "cpu",
+    stage: Path = EI_STAGE,
+    source: Path = SOURCE,
+    rewards: Mapping[str, str] | None = None,
+) -> str:
+    """The inputs an expert-iteration checkpoint was made from, by the rules of GRPO's
+    (:func:`reasonrl.grpo.fingerprint`), the reward that filters the rollouts and grades validation among them.
+    Other inputs → not resumed."""
+    identity = {
+        "ei": dataclasses.asdict(config),
+        "eval": dataclasses.asdict(eval_config),
+        "rollout": dataclasses.asdict(engine_config),
+        "init_model": model_digest(init_model_dir),
+        "train": examples_digest(train),
+        "val": examples_digest(val),
+        "code": code_digest(stage, source),
+        "reward": reward_identity("r1_zero", rewards, source.parent),
+    }
+    return run_fingerprint(identity, training_device)
+
+
+def load_ei_checkpoint(path: Path, policy: PreTrainedModel, best: BestCheckpoint, live_dir: Path) -> EIState:
+    """Read the whole checkpoint, then restore it (a checkpoint that cannot be read restores nothing)."""
+    _, state = read_state(path, EIState)
+    saved = read_tensors(path, ("policy", "best"))
+    policy.load_state_dict(saved["policy"])
+    torch.set_rng_state(saved["torch_rng"])
+    best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
+    best.state_dict = saved["best"]
+    restore_live(path, live_dir)
+    return state
+
+
 def run_expert_iteration(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -47,51 +111,88 @@ def run_expert_iteration(
     val: list[GSM8KExample],
     config: EIConfig,
     eval_config: EvalConfig,
-    live: Live,
+    open_live: Callable[[bool], Live],
+    live_dir: Path,
+    checkpoint_dir: Path,
+    init_model_dir: str | Path,
     rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
     """``config.n_steps`` rounds; a round with no correct rollout is logged (``ei/skipped_rounds``) and makes no
     update. Validation after every round; returns the best round's weights. ``rewards``' r1_zero entry grades both
-    the rollouts and the validation (None: the built-in)."""
+    the rollouts and the validation (None: the built-in).
+
+    A resumable checkpoint (the weights, the best round's, the curves) goes to ``checkpoint_dir`` after every round
+    but the last; a rerun continues from the newest one made from the same inputs (:func:`ei_fingerprint`). Every
+    draw is a function of the seed and the round (questions, samples, data order, validation), so a round cut short
+    by a crash is replayed as it would have run. The checkpoints stay after a completed run: call
+    :func:`reasonrl.checkpoints.remove_checkpoints` once the outputs are saved."""
     template = load_prompt("r1_zero")
     question_rng = random.Random(config.seed)
     best = BestCheckpoint()
-    skipped = 0
-    for round_index in tqdm(range(1, config.n_steps + 1), desc="expert iteration", unit="round"):
-        live.step = round_index
-        # Sample G answers per question from the current policy, loaded into the engine for this phase.
-        questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
-        prompts = [format_prompt(template, example.question) for example in questions]
-        with engine.serving(policy):
-            samples = engine.generate(
-                prompts,
-                n=config.num_rollouts,
-                temperature=config.temperature,
-                min_tokens=config.min_tokens,
-                max_tokens=config.max_tokens,
-                stop=eval_config.stop,
-            )
-        kept, solved = correct_pairs(questions, prompts, samples, rewards)
-        lengths = [sample.length for group in samples for sample in group]
-        live.log_metric("rollout/questions_with_correct", solved)
-        live.log_metric("rollout/kept_pairs", len(kept))
-        live.log_metric("rollout/response_length", sum(lengths) / len(lengths))
+    device = next(policy.parameters()).device.type
+    fingerprint = ei_fingerprint(
+        config, eval_config, engine.config, init_model_dir, train, val, device, rewards=rewards
+    )
+    state = resume_from(
+        checkpoint_dir,
+        fingerprint,
+        "expert iteration",
+        lambda path: load_ei_checkpoint(path, policy, best, live_dir),
+        EIState(),
+    )
+    for _ in range(state.step):  # the rounds done drew their questions from the same stream
+        question_rng.sample(train, min(config.questions_per_step, len(train)))
+    rounds = tqdm(
+        range(state.step + 1, config.n_steps + 1),
+        desc="expert iteration",
+        unit="round",
+        initial=state.step,
+        total=config.n_steps,
+    )
+    with open_live(state.step > 0) as live:
+        for round_index in rounds:
+            live.step = round_index
+            # Sample G answers per question from the current policy, loaded into the engine for this phase.
+            questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
+            prompts = [format_prompt(template, example.question) for example in questions]
+            with engine.serving(policy):
+                samples = engine.generate(
+                    prompts,
+                    n=config.num_rollouts,
+                    temperature=config.temperature,
+                    min_tokens=config.min_tokens,
+                    max_tokens=config.max_tokens,
+                    stop=eval_config.stop,
+                    seed=config.seed * 1_000_003 + round_index,
+                )
+            kept, solved = correct_pairs(questions, prompts, samples, rewards)
+            lengths = [sample.length for group in samples for sample in group]
+            live.log_metric("rollout/questions_with_correct", solved)
+            live.log_metric("rollout/kept_pairs", len(kept))
+            live.log_metric("rollout/response_length", sum(lengths) / len(lengths))
 
-        # Fine-tune on the kept pairs; a round that kept nothing has nothing to learn from.
-        if kept:
-            total = count_steps(len(kept), config.batch_size, config.sft_epochs)
-            optimizer, schedule = make_optimizer(policy, config, total)
-            step_metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, kept, config, config.sft_epochs))
-            for name in ("train/loss", "train/entropy", "train/grad_norm", "time/tokens_per_second"):
-                live.log_metric(name, sum(m[name] for m in step_metrics) / len(step_metrics))
-        else:
-            skipped += 1
-            tqdm.write(f"expert iteration round {round_index}: no correct rollout among {len(lengths)}; skipped")
-        live.log_metric("ei/skipped_rounds", skipped)
+            # Fine-tune on the kept pairs; a round that kept nothing has nothing to learn from.
+            if kept:
+                total = count_steps(len(kept), config.batch_size, config.sft_epochs)
+                optimizer, schedule = make_optimizer(policy, config, total)
+                step_metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, kept, config, config.sft_epochs))
+                for name in ("train/loss", "train/entropy", "train/grad_norm", "time/tokens_per_second"):
+                    live.log_metric(name, sum(m[name] for m in step_metrics) / len(step_metrics))
+            else:
+                state.skipped_rounds += 1
+                tqdm.write(f"expert iteration round {round_index}: no correct rollout among {len(lengths)}; skipped")
+            live.log_metric("ei/skipped_rounds", state.skipped_rounds)
 
-        # Validate the round's weights.
-        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples, rewards=rewards).metrics
-        log_validation(live, val_metrics)
-        best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
-        live.next_step()
+            # Validate the round's weights.
+            val_metrics = validate(
+                engine, policy, val, eval_config, config.eval_examples, seed=config.seed, rewards=rewards
+            ).metrics
+            log_validation(live, val_metrics)
+            best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
+            live.next_step()
+            state.step = round_index
+            state.best_accuracy, state.best_step, state.best_interval = best.accuracy, best.step, best.interval
+            if round_index < config.n_steps:
+                tensors = {"policy": policy.state_dict(), "best": best.state_dict}
+                write_checkpoint(checkpoint_dir, round_index, tensors, state, live_dir, fingerprint)
     return best

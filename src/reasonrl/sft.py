@@ -11,10 +11,12 @@ the gradient.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,13 +26,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from reasonrl.atomic import atomic_directory, atomic_write_text
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.checkpoints import read_state, read_tensors, restore_live, run_fingerprint, write_checkpoint
+from reasonrl.checkpoints import resume as resume_from
+from reasonrl.code_deps import SOURCE, STAGES, code_digest
+from reasonrl.data import examples_digest
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.evaluation import EvalResult, evaluate, summarize
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count, trainable_parameters
 from reasonrl.losses import sft_microbatch_train_step
 from reasonrl.memory import check_gpu_memory
-from reasonrl.models import MODEL_CARD, compute_precision, policy_dtype
+from reasonrl.models import MODEL_CARD, compute_precision, model_digest, policy_dtype
+from reasonrl.rewards import reward_identity
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.tokenization import tokenize_prompt_and_output
 
@@ -140,8 +147,11 @@ def sft_steps(
     config: SFTOptimization,
     epochs: int,
     max_steps: int | None = None,
+    start: int = 0,
 ) -> Iterator[dict[str, float]]:
-    """Train on ``pairs`` (shuffled each epoch with ``config.seed``); yield metrics after every optimizer step."""
+    """Train on ``pairs`` (shuffled each epoch with ``config.seed``); yield metrics after every optimizer step. A
+    resumed run passes the ``start`` steps it has taken: their batches are drawn (the order is a function of the seed
+    alone) but not trained on again."""
     if not pairs:
         raise ValueError("no training pairs: an SFT run needs at least one")
     order_rng = random.Random(config.seed)
@@ -153,6 +163,9 @@ def sft_steps(
         for indices in chunks(order, config.batch_size):
             if step == total:
                 return
+            if step < start:
+                step += 1
+                continue
             started = time.perf_counter()
             batch = [pairs[index] for index in indices]
             tensors = tokenize_prompt_and_output([p.prompt for p in batch], [p.response for p in batch], tokenizer)
@@ -290,6 +303,93 @@ def log_validation(live: Live, metrics: dict[str, Any]) -> None:
             live.log_metric(f"eval/response_length_{subset}", length)
 
 
+SFT_STAGE = STAGES / "sft.py"
+
+
+@dataclass
+class SFTState:
+    """What a resumed SFT run needs besides the weights, the optimizer and the schedule to continue exactly."""
+
+    step: int = 0
+    best_accuracy: float = -1.0
+    best_step: int | None = None
+    best_interval: dict[str, Any] | None = None
+
+
+def pairs_digest(pairs: list[Pair]) -> str:
+    """SHA-256 of the training pairs, in order."""
+    records = [dataclasses.asdict(pair) for pair in pairs]
+    return hashlib.sha256(json.dumps(records, ensure_ascii=False).encode()).hexdigest()
+
+
+def sft_fingerprint(
+    config: SFTConfig,
+    eval_config: EvalConfig,
+    engine_config: EngineConfig,
+    init_model_dir: str | Path,
+    pairs: list[Pair],
+    val: list[GSM8KExample],
+    training_device: str = "cpu",
+    stage: Path = SFT_STAGE,
+    source: Path = SOURCE,
+    rewards: Mapping[str, str] | None = None,
+) -> str:
+    """The inputs an SFT checkpoint was made from, by the rules of GRPO's (:func:`reasonrl.grpo.fingerprint`): the
+    params, the init model's files, the pairs, the validation data, the code and the reward that grades validation,
+    by content. Other inputs → not resumed."""
+    identity = {
+        "sft": dataclasses.asdict(config),
+        "eval": dataclasses.asdict(eval_config),
+        "rollout": dataclasses.asdict(engine_config),
+        "init_model": model_digest(init_model_dir),
+        "pairs": pairs_digest(pairs),
+        "val": examples_digest(val),
+        "code": code_digest(stage, source),
+        "reward": reward_identity("r1_zero", rewards, source.parent),
+    }
+    return run_fingerprint(identity, training_device)
+
+
+def save_sft_checkpoint(
+    directory: Path,
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    state: SFTState,
+    best: BestCheckpoint,
+    live_dir: Path,
+    fingerprint: str,
+) -> None:
+    tensors = {
+        "policy": policy.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "schedule": schedule.state_dict(),
+        "best": best.state_dict,
+    }
+    write_checkpoint(directory, state.step, tensors, state, live_dir, fingerprint)
+
+
+def load_sft_checkpoint(
+    path: Path,
+    policy: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    best: BestCheckpoint,
+    live_dir: Path,
+) -> SFTState:
+    """Read the whole checkpoint, then restore it (a checkpoint that cannot be read restores nothing)."""
+    _, state = read_state(path, SFTState)
+    saved = read_tensors(path, ("policy", "optimizer", "schedule", "best"))
+    policy.load_state_dict(saved["policy"])
+    optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    torch.set_rng_state(saved["torch_rng"])
+    best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
+    best.state_dict = saved["best"]
+    restore_live(path, live_dir)
+    return state
+
+
 def run_sft(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -298,25 +398,56 @@ def run_sft(
     engine: RolloutEngine,
     val: list[GSM8KExample],
     eval_config: EvalConfig,
-    live: Live,
+    open_live: Callable[[bool], Live],
+    live_dir: Path,
+    checkpoint_dir: Path,
+    init_model_dir: str | Path,
+    keep: Callable[[int, BestCheckpoint], None] | None = None,
     rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
-    """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end (graded by
-    ``rewards``' r1_zero entry; None: the built-in), keep the best."""
+    """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end (graded by ``rewards``'
+    r1_zero entry; None: the built-in), keep the best.
+
+    Every ``checkpoint_every`` steps a resumable checkpoint goes to ``checkpoint_dir``; a rerun continues from the
+    newest one made from the same inputs (:func:`sft_fingerprint`), and ends as an uninterrupted run would. The
+    checkpoints stay after a completed run: call :func:`reasonrl.checkpoints.remove_checkpoints` once the outputs are
+    saved. ``keep(step, best)``: called every ``keep_every`` steps (``sft.keep_every``), to save the policy."""
     from tqdm import tqdm
 
     total = count_steps(len(pairs), config.batch_size, config.epochs, config.max_steps)
     optimizer, schedule = make_optimizer(policy, config, total)
     best = BestCheckpoint()
+    device = next(policy.parameters()).device.type
+    fingerprint = sft_fingerprint(
+        config, eval_config, engine.config, init_model_dir, pairs, val, device, rewards=rewards
+    )
+
+    def load(path: Path) -> SFTState:
+        return load_sft_checkpoint(path, policy, optimizer, schedule, best, live_dir)
+
+    state = resume_from(checkpoint_dir, fingerprint, "SFT", load, SFTState())
     engine.sleep()  # training comes first; validate() wakes the engine for each evaluation
-    steps = sft_steps(policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps)
-    for step, metrics in enumerate(tqdm(steps, total=total, desc="sft", unit="step"), start=1):
-        live.step = step
-        for name, value in metrics.items():
-            live.log_metric(name, value)
-        if step % config.eval_every == 0 or step == total:
-            val_metrics = validate(engine, policy, val, eval_config, config.eval_examples, rewards=rewards).metrics
-            log_validation(live, val_metrics)
-            best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])
-        live.next_step()
+    steps = sft_steps(
+        policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps, start=state.step
+    )
+    progress = tqdm(steps, total=total, initial=state.step, desc="sft", unit="step")
+    with open_live(state.step > 0) as live:
+        for step, metrics in enumerate(progress, start=state.step + 1):
+            live.step = step
+            for name, value in metrics.items():
+                live.log_metric(name, value)
+            if step % config.eval_every == 0 or step == total:
+                # One seed for every evaluation: a resumed run's draws are the uninterrupted run's.
+                val_metrics = validate(
+                    engine, policy, val, eval_config, config.eval_examples, seed=config.seed, rewards=rewards
+                ).metrics
+                log_validation(live, val_metrics)
+                best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])
+            live.next_step()
+            state.step = step
+            state.best_accuracy, state.best_step, state.best_interval = best.accuracy, best.step, best.interval
+            if keep is not None and config.keep_every and step % config.keep_every == 0:
+                keep(step, best)
+            if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total:
+                save_sft_checkpoint(checkpoint_dir, policy, optimizer, schedule, state, best, live_dir, fingerprint)
     return best

@@ -1,0 +1,155 @@
+"""The checkpoint store SFT and expert iteration share with GRPO (issue 23, item 5), without an engine: an SFT
+checkpoint restores the weights, AdamW, the schedule's place, the data order and the best weights, so two steps then
+a resume and two more equal four uninterrupted steps; a checkpoint made from other inputs (params, init model, data,
+code) is not resumed; the keep_every params."""
+
+import copy
+import shutil
+
+import pytest
+import torch
+
+from reasonrl.checkpoints import remove_checkpoints, resume, write_checkpoint
+from reasonrl.code_deps import SOURCE
+from reasonrl.config import ConfigError, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig, TinyModelSpec
+from reasonrl.data import GSM8KExample
+from reasonrl.expert_iteration import EI_STAGE, EIState, ei_fingerprint, load_ei_checkpoint
+from reasonrl.sft import (
+    SFT_STAGE,
+    BestCheckpoint,
+    Pair,
+    SFTState,
+    load_sft_checkpoint,
+    make_optimizer,
+    save_sft_checkpoint,
+    sft_fingerprint,
+    sft_steps,
+)
+from reasonrl.tiny_model import build_tiny_model
+
+PAIRS = [
+    Pair(f"User: {a} plus {b}?\nAssistant: <think>", f" {a} + {b} = {a + b} </think> <answer> {a + b} </answer>")
+    for a in range(1, 5)
+    for b in range(1, 4)
+]  # 12 pairs: 3 steps of 4 per epoch, two epochs, so the resume crosses an epoch's reshuffle
+CONFIG = SFTConfig(
+    learning_rate=3e-3, batch_size=4, microbatch_size=2, epochs=2, lr_schedule="cosine", warmup_ratio=0.2
+)
+
+
+def train(policy, tokenizer, optimizer, schedule, start: int, stop: int) -> list[float]:
+    steps = sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, CONFIG, CONFIG.epochs, max_steps=stop, start=start)
+    return [metrics["train/loss"] for metrics in steps]
+
+
+def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny_tokenizer, tmp_path, capsys):
+    """Four steps straight, against two steps, a checkpoint, a fresh policy resumed from it and steps 3-4 (the
+    second epoch's first): the same losses and bit-identical weights; the best weights and curves come back."""
+    uninterrupted = copy.deepcopy(tiny_model).train()
+    optimizer, schedule = make_optimizer(uninterrupted, CONFIG, 6)
+    losses = train(uninterrupted, tiny_tokenizer, optimizer, schedule, 0, 4)
+
+    first = copy.deepcopy(tiny_model).train()
+    optimizer, schedule = make_optimizer(first, CONFIG, 6)
+    assert train(first, tiny_tokenizer, optimizer, schedule, 0, 2) == losses[:2]
+    best = BestCheckpoint()
+    best.offer(first, 0.5, 2, interval={"low": 0.1, "high": 0.9, "method": "wilson"})
+    live = tmp_path / "live"
+    (live / "plots").mkdir(parents=True)
+    (live / "plots/loss.tsv").write_text("step\tloss\n1\t5.0\n2\t4.0\n")
+    state = SFTState(step=2, best_accuracy=0.5, best_step=2, best_interval=best.interval)
+    save_sft_checkpoint(tmp_path / "checkpoints", first, optimizer, schedule, state, best, live, "inputs")
+    (live / "plots/loss.tsv").write_text("step\tloss\n1\t5.0\n2\t4.0\n3\t3.5\n")  # a step the killed run logged
+
+    resumed = copy.deepcopy(tiny_model).train()
+    optimizer, schedule = make_optimizer(resumed, CONFIG, 6)
+    restored_best = BestCheckpoint()
+    fresh = SFTState()
+
+    def load(path):
+        return load_sft_checkpoint(path, resumed, optimizer, schedule, restored_best, live)
+
+    state = resume(tmp_path / "checkpoints", "inputs", "SFT", load, fresh)
+    assert capsys.readouterr().out == f"SFT: resuming from {tmp_path / 'checkpoints/step-000002'} (step 2)\n"
+    assert state == SFTState(step=2, best_accuracy=0.5, best_step=2, best_interval=best.interval)
+    assert (restored_best.accuracy, restored_best.step) == (0.5, 2)
+    assert all(torch.equal(restored_best.state_dict[name], best.state_dict[name]) for name in best.state_dict)
+    assert (live / "plots/loss.tsv").read_text() == "step\tloss\n1\t5.0\n2\t4.0\n"
+    assert schedule.last_epoch == 2
+    assert train(resumed, tiny_tokenizer, optimizer, schedule, state.step, 4) == losses[2:]
+    expected = uninterrupted.state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in resumed.state_dict().items())
+
+    # another fingerprint: not resumed, said so, and the checkpoint made from other inputs goes
+    state = resume(tmp_path / "checkpoints", "other inputs", "SFT", load, fresh)
+    out = capsys.readouterr().out
+    assert out.startswith("SFT: ") and "was made from other inputs (params, init model, data, code" in out
+    assert "starting afresh" in out and state is fresh
+    assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_an_ei_checkpoint_restores_the_weights_the_best_round_and_the_counts(tiny_model, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    best = BestCheckpoint()
+    best.offer(tiny_model, 0.25, 1)
+    state = EIState(step=1, skipped_rounds=1, best_accuracy=0.25, best_step=1)
+    tensors = {"policy": tiny_model.state_dict(), "best": best.state_dict}
+    write_checkpoint(tmp_path / "checkpoints", 1, tensors, state, live, "inputs")
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(1.0)
+    restored_best = BestCheckpoint()
+    loaded = load_ei_checkpoint(tmp_path / "checkpoints/step-000001", other, restored_best, live)
+    assert loaded == state and (restored_best.accuracy, restored_best.step) == (0.25, 1)
+    assert all(torch.equal(tensor, tiny_model.state_dict()[name]) for name, tensor in other.state_dict().items())
+    remove_checkpoints(tmp_path / "checkpoints")
+    assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_the_sft_and_ei_fingerprints_change_with_params_init_model_data_and_code(tmp_path, tiny_tokenizer):
+    """Each input on its own changes the fingerprint: a param, the init model's weights rewritten in place, a pair or
+    a training question, a validation question, a comment in a module the stage imports."""
+    shutil.copytree(SOURCE / "reasonrl", tmp_path / "src/reasonrl", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "stages").mkdir()
+    shutil.copy(SFT_STAGE, tmp_path / "stages/sft.py")
+    shutil.copy(EI_STAGE, tmp_path / "stages/expert_iteration.py")
+    model = tmp_path / "model"
+    build_tiny_model(tiny_tokenizer, TinyModelSpec(), seed=0).save_pretrained(model)
+    val = [GSM8KExample("What is 1 + 1?", "1 + 1 = 2", "2")]
+    train = [GSM8KExample("What is 2 + 2?", "2 + 2 = 4", "4")]
+
+    def fingerprints(config=None, ei_config=None, pairs=PAIRS, train=train, val=val) -> tuple[str, str]:
+        common = EvalConfig(), EngineConfig(), model
+        source = {"source": tmp_path / "src"}
+        sft = sft_fingerprint(config or SFTConfig(), *common, pairs, val, stage=tmp_path / "stages/sft.py", **source)
+        ei_stage = tmp_path / "stages/expert_iteration.py"
+        ei = ei_fingerprint(ei_config or EIConfig(), *common, train, val, stage=ei_stage, **source)
+        return sft, ei
+
+    seen = [fingerprints()]
+    assert fingerprints() == seen[0]
+    seen.append(fingerprints(SFTConfig(learning_rate=1e-4), EIConfig(learning_rate=1e-4)))
+    seen.append(fingerprints(pairs=PAIRS[:-1], train=train * 2))
+    seen.append(fingerprints(val=val * 2))
+    with (tmp_path / "src/reasonrl/sft.py").open("a", encoding="utf-8") as stream:
+        stream.write("\n# an edit\n")
+    seen.append(fingerprints())
+    build_tiny_model(tiny_tokenizer, TinyModelSpec(), seed=1).save_pretrained(model)
+    seen.append(fingerprints())
+    for kind in (0, 1):
+        assert len({pair[kind] for pair in seen}) == len(seen)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SFTConfig(keep_every=-1), "sft.keep_every: must be ≥ 0 (0 = off), got -1"),
+        (lambda: SFTConfig(checkpoint_every=-1), "sft.checkpoint_every: must be ≥ 0 (0 = off), got -1"),
+        (lambda: GRPOConfig(keep_every=-2), "grpo.keep_every: must be ≥ 0 (0 = off), got -2"),
+    ],
+)
+def test_keep_and_checkpoint_params_are_validated(make, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()
