@@ -1,12 +1,15 @@
-"""download stage: checksum, validation, train/val split, and no output left behind on failure."""
+"""download stage: checksum, validation, train/val split, a user's own data, and no output left behind on failure."""
 
 import hashlib
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reasonrl.config import ConfigError
 from reasonrl.data import DataFormatError, download_gsm8k, load_gsm8k, resolve_source, split_train_val
@@ -96,3 +99,67 @@ def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_param
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {params}: data.val_size: must be ≥ 1, got -3"
     assert not (tmp_path / "d").exists()
+
+
+# Issue 23: your own data. The example shipped in examples/word_problems, with the checksums the README gives.
+EXAMPLE = "examples/word_problems"
+EXAMPLE_SHA256 = {
+    "train": "547433c75387fa29a9b154364e44e4478032a985a7c0f819bc89cfd012869e3a",
+    "test": "992e0f3b3dc66fffe92231a9a907afd5191e657c851a95cedb3f3255c724691c",
+    "shifted": "36f001e4a0cdcbf6811c3e3fa64721111949a2d81ce5c00c427d307a85e30961",
+}
+
+
+def own_data_params(tmp_path: Path, full_scale_params: str, **changes: object) -> Path:
+    """params.yaml reading the example: its train and test as data, its shifted set as an extra test set."""
+    tree = yaml.safe_load(full_scale_params)
+    fields = {"question_field": "problem", "answer_field": "solution", "answer_format": "boxed"}
+    tree["data"] |= {"name": "jsonl", "val_size": 20}
+    tree["data"]["jsonl"] = {
+        split: {"path": f"{EXAMPLE}/{split}.jsonl", "sha256": EXAMPLE_SHA256[split]} for split in ("train", "test")
+    } | fields
+    shifted = {"name": "shifted", "path": f"{EXAMPLE}/shifted.jsonl", "sha256": EXAMPLE_SHA256["shifted"]}
+    tree["eval"]["test_sets"] = [shifted | fields | changes]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+def run_download(params: Path, out: Path) -> subprocess.CompletedProcess:
+    """The download stage as DVC runs it: from the repository root, where relative data paths start."""
+    command = [sys.executable, "stages/download.py", "--params", str(params), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def test_own_data_and_test_sets_are_verified_and_converted_to_gsm8k_lines(tmp_path, full_scale_params):
+    out = tmp_path / "gsm8k"
+    result = run_download(own_data_params(tmp_path, full_scale_params), out)
+    assert result.returncode == 0, result.stderr
+    assert "train 280, val 20, test 60, test_sets/shifted 60" in result.stdout
+    train, test = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "test.jsonl")
+    shifted = load_gsm8k(out / "test_sets" / "shifted.jsonl")
+    assert (len(train), len(test), len(shifted)) == (280, 60, 60)
+    first = json.loads((REPO / EXAMPLE / "test.jsonl").read_text().splitlines()[0])
+    assert test[0].question == first["problem"]
+    assert f"\\boxed{{{test[0].answer}}}" in first["solution"] and test[0].reasoning in first["solution"]
+    # Off the training distribution: more steps (a reasoning line each) than any training example has.
+    assert min(len(e.reasoning.splitlines()) for e in shifted) > max(len(e.reasoning.splitlines()) for e in train)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sha256": "0" * 64}, r"shifted.jsonl: SHA-256 36f0.* does not match eval.test_sets\[0\].sha256 = 0{64}; "),
+        ({"path": "examples/nowhere.jsonl"}, r"examples/nowhere.jsonl: no such file \(eval.test_sets\[0\].path; "),
+        ({"answer_format": "number"}, r"shifted.jsonl:1: the answer read from 'solution' \(answer_format number\)"),
+    ],
+)
+def test_a_bad_test_set_stops_the_download_in_one_line_and_leaves_nothing(
+    tmp_path, full_scale_params, changes, message
+):
+    out = tmp_path / "gsm8k"
+    result = run_download(own_data_params(tmp_path, full_scale_params, **changes), out)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert re.search(message, result.stderr), result.stderr
+    assert not out.exists()
