@@ -40,7 +40,9 @@ def strip_annotations(text: str) -> str:
 
 def reference_response(example: GSM8KExample) -> str:
     """The reference solution in the r1_zero response format (the prompt already opened ``<think>``)."""
-    return f" {strip_annotations(example.reasoning).strip()} </think> <answer> {example.answer} </answer>"
+    reasoning = strip_annotations(example.reasoning).strip()
+    thought = f" {reasoning}" if reasoning else ""
+    return f"{thought} </think> <answer> {example.answer} </answer>"
 
 
 class _Parser:
