@@ -1,15 +1,16 @@
 """Stage download: GSM8K (verified, validated), the synthetic arithmetic set or the user's own jsonl files, all
-written in GSM8K's format → ``train/val/test.jsonl``, and each of ``eval.test_sets`` → ``test_sets/<name>.jsonl``."""
+written in GSM8K's format → ``train/val/test.jsonl``; each of ``eval.test_sets`` → ``<test-sets>/<name>.jsonl``."""
 
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
-from reasonrl.data import fetch_verified_gsm8k, fetch_verified_jsonl, resolve_source, write_splits
+from reasonrl.data import fetch_verified_gsm8k, fetch_verified_jsonl, resolve_source, write_splits, write_test_sets
 from reasonrl.synthetic import arithmetic_lines
 
 
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--out", required=True, help="output directory for train/val/test.jsonl")
+    parser.add_argument("--test-sets", required=True, help="output directory for one <name>.jsonl per eval.test_sets")
     args = parser.parse_args()
     params = load_params(args.params)
     data = params.data
@@ -34,7 +35,9 @@ def main() -> None:
         test_set.name: fetch_verified_jsonl(test_set.path, test_set.sha256, test_set.fields, f"eval.test_sets[{index}]")
         for index, test_set in enumerate(params.eval.test_sets)
     }
-    counts = write_splits(train, test, data.val_size, data.split_seed, args.out, test_sets)
+    counts = write_splits(train, test, data.val_size, data.split_seed, args.out)
+    write_test_sets(test_sets, args.test_sets)
+    counts |= {f"test set {name}": len(lines) for name, lines in test_sets.items()}
     print(f"{data.name} from {source}: " + ", ".join(f"{split} {count}" for split, count in counts.items()))
 
 

@@ -10,7 +10,7 @@ from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_js
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.crosscheck import add_grader_crosschecks
-from reasonrl.data import TEST_SETS_DIR, DataFormatError, GSM8KExample, load_gsm8k
+from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.rollout import RolloutEngine
@@ -42,9 +42,9 @@ def training_prompts(models: dict[str, Path], grpo_prompt: str) -> dict[str, str
     return {name: grpo_prompt if name == "grpo" else "r1_zero" for name in models}
 
 
-def load_test_sets(data_dir: Path, names: list[str]) -> dict[str, list[GSM8KExample]]:
+def load_test_sets(directory: Path, names: list[str]) -> dict[str, list[GSM8KExample]]:
     """Each of ``eval.test_sets`` as the download stage wrote it."""
-    paths = {name: data_dir / TEST_SETS_DIR / f"{name}.jsonl" for name in names}
+    paths = {name: directory / f"{name}.jsonl" for name in names}
     for name, path in paths.items():
         if not path.is_file():
             raise DataFormatError(f"{path}: missing, though eval.test_sets names {name}; run the download stage")
@@ -66,6 +66,7 @@ def print_results(results: dict[str, EvalResult], split: str) -> None:
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with test.jsonl")
+    parser.add_argument("--test-sets", required=True, help="directory with one <name>.jsonl per eval.test_sets")
     parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
     parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
@@ -77,7 +78,7 @@ def main() -> None:
     models = parse_models(args.model)
     prompts = training_prompts(models, params.grpo.prompt)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
-    held_out = load_test_sets(Path(args.data), [test_set.name for test_set in params.eval.test_sets])
+    held_out = load_test_sets(Path(args.test_sets), [test_set.name for test_set in params.eval.test_sets])
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
     engine = RolloutEngine(next(iter(models.values())), params.rollout)
@@ -103,9 +104,9 @@ def main() -> None:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
         for set_name, by_route in set_results.items():
-            (staging / TEST_SETS_DIR / set_name).mkdir(parents=True)
+            (staging / "test_sets" / set_name).mkdir(parents=True)
             for name, result in by_route.items():
-                atomic_write_jsonl(staging / TEST_SETS_DIR / set_name / f"{name}.jsonl", result.records)
+                atomic_write_jsonl(staging / "test_sets" / set_name / f"{name}.jsonl", result.records)
     atomic_write_json(args.crosscheck, disagreements)
     atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
     print_results(results, "test")

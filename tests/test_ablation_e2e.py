@@ -4,7 +4,14 @@ task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and 
 import json
 
 import pytest
-from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
+from pipeline_repo import (
+    EXAMPLE_DATA,
+    EXAMPLE_FIELDS,
+    EXAMPLE_SHA256,
+    TINY_PIPELINE_OVERRIDES,
+    make_pipeline_repo,
+    run,
+)
 
 from reasonrl.presets import apply_to_file
 
@@ -230,3 +237,57 @@ def test_a_queued_experiment_runs_the_code_it_records(repo):
     run(["dvc", "exp", "apply", "queued-edit"], clone, env)
     assert "A queued edit." in (clone / "reports/report.md").read_text()
     assert module.read_text() == original + REPORT_EDIT  # the experiment records the code it ran
+
+
+def test_own_data_with_an_extra_test_set_is_graded_and_reported_per_route(repo):
+    """The README's "Your own data" run: ``data.name=jsonl`` on the shipped example (``problem``/``solution``
+    fields, boxed answers) and its shifted set as ``eval.test_sets``, all set with ``-S`` as a user types them.
+    Every stage runs on the converted data; final_eval grades each route on the test split and on the shifted set,
+    and the metrics, the headline, the report and the generations hold both."""
+    clone, env = repo
+    run(["git", "checkout", "--", "params.yaml"], clone, env)  # the preset, without the earlier tests' -S values
+    fields = ", ".join(f"{key}: {value}" for key, value in EXAMPLE_FIELDS.items())
+    shifted = f"[{{name: shifted, path: {EXAMPLE_DATA}/shifted.jsonl, sha256: {EXAMPLE_SHA256['shifted']}, {fields}}}]"
+    overrides = {"data.name": "jsonl", "eval.test_sets": shifted} | {
+        f"data.jsonl.{k}": v for k, v in EXAMPLE_FIELDS.items()
+    }
+    for split in ("train", "test"):
+        overrides |= {f"data.jsonl.{split}.path": f"{EXAMPLE_DATA}/{split}.jsonl"}
+        overrides |= {f"data.jsonl.{split}.sha256": EXAMPLE_SHA256[split]}
+    arguments = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
+    run(["dvc", "exp", "run", "--name", "own-data", *arguments], clone, env)
+
+    data = clone / "data/gsm8k"
+    sizes = {name: len((data / f"{name}.jsonl").read_text().splitlines()) for name in ("train", "val", "test")}
+    assert sizes == {"train": 300 - 16, "val": 16, "test": 60}  # data.val_size 16 carved from the example's train
+    assert len((data / "test_sets/shifted.jsonl").read_text().splitlines()) == 60
+    stats = json.loads((clone / "reports/filter_cots/stats.json").read_text())
+    assert stats["examples"] == 284 and stats["dropped"]["no_reasoning"] == 0  # boxed answers carry reasoning
+
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    for route in ROUTES:
+        on_shifted = final[route]["test_sets"]["shifted"]
+        assert final[route]["n"] == 60 and on_shifted["n"] == 60 and on_shifted["prompt"] == final[route]["prompt"]
+        interval = on_shifted["accuracy_interval"]
+        assert interval["level"] == 0.95 and interval["low"] <= on_shifted["accuracy"] <= interval["high"]
+        records = (clone / f"reports/final/generations/test_sets/shifted/{route}.jsonl").read_text().splitlines()
+        assert len(records) == 60 and json.loads(records[0])["question"].startswith(
+            json.loads((clone / EXAMPLE_DATA / "shifted.jsonl").read_text().splitlines()[0])["problem"]
+        )
+    assert final["grpo"]["test_sets"]["shifted"]["paired"]["reference"] == "sft"
+
+    headline = json.loads((clone / "reports/headline.json").read_text())
+    assert headline["test_set_accuracy"] == {
+        "shifted": {r: final[r]["test_sets"]["shifted"]["accuracy"] for r in ROUTES}
+    }
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], clone, env))
+    assert "test_set_accuracy" in next(iter(shown.values()))["data"]["reports/headline.json"]["data"]
+
+    from reasonrl.report.tables import format_accuracy
+
+    report = (clone / "reports/report.md").read_text()
+    section = report[report.index("### Test set `shifted`") : report.index("## Grader cross-check")]
+    for route in ROUTES:
+        assert f"| {route} | 60 | {format_accuracy(final[route]['test_sets']['shifted'])} |" in section
+    assert f"`{EXAMPLE_DATA}/train.jsonl`" in report
+    print({route: (final[route]["accuracy"], final[route]["test_sets"]["shifted"]["accuracy"]) for route in ROUTES})

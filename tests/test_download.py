@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pipeline_repo import EXAMPLE_DATA, EXAMPLE_FIELDS, EXAMPLE_SHA256
 
 from reasonrl.config import ConfigError
 from reasonrl.data import DataFormatError, download_gsm8k, load_gsm8k, resolve_source, split_train_val
@@ -101,25 +102,18 @@ def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_param
     assert not (tmp_path / "d").exists()
 
 
-# Issue 23: your own data. The example shipped in examples/word_problems, with the checksums the README gives.
-EXAMPLE = "examples/word_problems"
-EXAMPLE_SHA256 = {
-    "train": "547433c75387fa29a9b154364e44e4478032a985a7c0f819bc89cfd012869e3a",
-    "test": "992e0f3b3dc66fffe92231a9a907afd5191e657c851a95cedb3f3255c724691c",
-    "shifted": "36f001e4a0cdcbf6811c3e3fa64721111949a2d81ce5c00c427d307a85e30961",
-}
+# Issue 23: your own data, on the example shipped in examples/word_problems.
 
 
 def own_data_params(tmp_path: Path, full_scale_params: str, **changes: object) -> Path:
     """params.yaml reading the example: its train and test as data, its shifted set as an extra test set."""
     tree = yaml.safe_load(full_scale_params)
-    fields = {"question_field": "problem", "answer_field": "solution", "answer_format": "boxed"}
     tree["data"] |= {"name": "jsonl", "val_size": 20}
     tree["data"]["jsonl"] = {
-        split: {"path": f"{EXAMPLE}/{split}.jsonl", "sha256": EXAMPLE_SHA256[split]} for split in ("train", "test")
-    } | fields
-    shifted = {"name": "shifted", "path": f"{EXAMPLE}/shifted.jsonl", "sha256": EXAMPLE_SHA256["shifted"]}
-    tree["eval"]["test_sets"] = [shifted | fields | changes]
+        split: {"path": f"{EXAMPLE_DATA}/{split}.jsonl", "sha256": EXAMPLE_SHA256[split]} for split in ("train", "test")
+    } | EXAMPLE_FIELDS
+    shifted = {"name": "shifted", "path": f"{EXAMPLE_DATA}/shifted.jsonl", "sha256": EXAMPLE_SHA256["shifted"]}
+    tree["eval"]["test_sets"] = [shifted | EXAMPLE_FIELDS | changes]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     return path
@@ -140,7 +134,7 @@ def test_own_data_and_test_sets_are_verified_and_converted_to_gsm8k_lines(tmp_pa
     train, test = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "test.jsonl")
     shifted = load_gsm8k(out / "test_sets" / "shifted.jsonl")
     assert (len(train), len(test), len(shifted)) == (280, 60, 60)
-    first = json.loads((REPO / EXAMPLE / "test.jsonl").read_text().splitlines()[0])
+    first = json.loads((REPO / EXAMPLE_DATA / "test.jsonl").read_text().splitlines()[0])
     assert test[0].question == first["problem"]
     assert f"\\boxed{{{test[0].answer}}}" in first["solution"] and test[0].reasoning in first["solution"]
     # Off the training distribution: more steps (a reasoning line each) than any training example has.

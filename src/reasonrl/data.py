@@ -165,26 +165,13 @@ def fetch_verified_gsm8k(source: str, sha256: dict[str, str]) -> dict[str, list[
     return verified
 
 
-TEST_SETS_DIR = "test_sets"
-"""The extra held-out sets (``eval.test_sets``) beside the splits: ``<data>/test_sets/<name>.jsonl``."""
-
-
 def write_splits(
-    train: list[str],
-    test: list[str],
-    val_size: int,
-    split_seed: int,
-    out_dir: str | Path,
-    test_sets: dict[str, list[str]] | None = None,
+    train: list[str], test: list[str], val_size: int, split_seed: int, out_dir: str | Path
 ) -> dict[str, int]:
-    """Carve val from train, write ``{train,val,test}.jsonl`` and each of ``test_sets`` as
-    ``test_sets/<name>.jsonl``, all in one atomic write; returns the size of each (``test_sets/<name>`` for those)."""
+    """Carve val from train, write ``{train,val,test}.jsonl`` atomically; returns the size of each split."""
     train, val = split_train_val(train, val_size, split_seed)
     splits = {"train": train, "val": val, "test": test}
-    splits |= {f"{TEST_SETS_DIR}/{name}": lines for name, lines in (test_sets or {}).items()}
     with atomic_directory(out_dir) as staging:
-        if test_sets:
-            (staging / TEST_SETS_DIR).mkdir()
         for name, lines in splits.items():
             (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return {name: len(lines) for name, lines in splits.items()}
@@ -293,3 +280,12 @@ def fetch_verified_jsonl(location: str, sha256: str, fields: JsonlFields, param:
     if not lines:
         raise DataFormatError(f"{location}: no examples ({param}.path)")
     return lines
+
+
+def write_test_sets(test_sets: dict[str, list[str]], out_dir: str | Path) -> None:
+    """Each extra held-out set as ``<out_dir>/<name>.jsonl``, atomically; no sets, an empty directory. A directory
+    of its own, apart from the splits: DVC hashes a directory output whole, so a set added there would make every
+    stage that reads the splits rerun."""
+    with atomic_directory(out_dir) as staging:
+        for name, lines in test_sets.items():
+            (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
