@@ -260,7 +260,7 @@ def test_own_data_with_an_extra_test_set_is_graded_and_reported_per_route(repo):
     data = clone / "data/gsm8k"
     sizes = {name: len((data / f"{name}.jsonl").read_text().splitlines()) for name in ("train", "val", "test")}
     assert sizes == {"train": 300 - 16, "val": 16, "test": 60}  # data.val_size 16 carved from the example's train
-    assert len((data / "test_sets/shifted.jsonl").read_text().splitlines()) == 60
+    assert len((clone / "data/test_sets/shifted.jsonl").read_text().splitlines()) == 60
     stats = json.loads((clone / "reports/filter_cots/stats.json").read_text())
     assert stats["examples"] == 284 and stats["dropped"]["no_reasoning"] == 0  # boxed answers carry reasoning
 
@@ -291,3 +291,15 @@ def test_own_data_with_an_extra_test_set_is_graded_and_reported_per_route(repo):
         assert f"| {route} | 60 | {format_accuracy(final[route]['test_sets']['shifted'])} |" in section
     assert f"`{EXAMPLE_DATA}/train.jsonl`" in report
     print({route: (final[route]["accuracy"], final[route]["test_sets"]["shifted"]["accuracy"]) for route in ROUTES})
+
+    # Another test set after the run: download (the same data/gsm8k), final_eval and the report are stale, no
+    # stage that trains or samples on the splits.
+    params = clone / "params.yaml"
+    original = params.read_text()
+    assert original.count("name: shifted\n") == 1
+    try:
+        params.write_text(original.replace("name: shifted\n", "name: shifted-again\n"))
+        stale = set(json.loads(run(["dvc", "status", "--json"], clone, env)))
+    finally:
+        params.write_text(original)
+    assert stale == {"download", "final_eval", "report"}

@@ -93,7 +93,16 @@ def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_param
     params = tmp_path / "params.yaml"
     params.write_text(full_scale_params.replace("val_size: 500", "val_size: -3"))
     result = subprocess.run(
-        [sys.executable, str(REPO / "stages/download.py"), "--params", str(params), "--out", str(tmp_path / "d")],
+        [
+            sys.executable,
+            str(REPO / "stages/download.py"),
+            "--params",
+            str(params),
+            "--out",
+            str(tmp_path / "d"),
+            "--test-sets",
+            str(tmp_path / "t"),
+        ],
         capture_output=True,
         text=True,
     )
@@ -120,8 +129,10 @@ def own_data_params(tmp_path: Path, full_scale_params: str, **changes: object) -
 
 
 def run_download(params: Path, out: Path) -> subprocess.CompletedProcess:
-    """The download stage as DVC runs it: from the repository root, where relative data paths start."""
+    """The download stage as DVC runs it: from the repository root, where relative data paths start; the test sets
+    go to ``<out>/../test_sets``."""
     command = [sys.executable, "stages/download.py", "--params", str(params), "--out", str(out)]
+    command += ["--test-sets", str(out.parent / "test_sets")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
 
@@ -130,9 +141,9 @@ def test_own_data_and_test_sets_are_verified_and_converted_to_gsm8k_lines(tmp_pa
     out = tmp_path / "gsm8k"
     result = run_download(own_data_params(tmp_path, full_scale_params), out)
     assert result.returncode == 0, result.stderr
-    assert "train 280, val 20, test 60, test_sets/shifted 60" in result.stdout
+    assert "train 280, val 20, test 60, test set shifted 60" in result.stdout
     train, test = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "test.jsonl")
-    shifted = load_gsm8k(out / "test_sets" / "shifted.jsonl")
+    shifted = load_gsm8k(tmp_path / "test_sets" / "shifted.jsonl")
     assert (len(train), len(test), len(shifted)) == (280, 60, 60)
     first = json.loads((REPO / EXAMPLE_DATA / "test.jsonl").read_text().splitlines()[0])
     assert test[0].question == first["problem"]
@@ -156,4 +167,4 @@ def test_a_bad_test_set_stops_the_download_in_one_line_and_leaves_nothing(
     result = run_download(own_data_params(tmp_path, full_scale_params, **changes), out)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert re.search(message, result.stderr), result.stderr
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "test_sets").exists()
