@@ -1,6 +1,6 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
 (and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``grpo.prompt`` for the model named grpo,
-r1_zero for the others."""
+r1_zero for the others. Then the same on each of ``eval.test_sets``, reported under the route's ``test_sets``."""
 
 from pathlib import Path
 
@@ -10,8 +10,8 @@ from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_js
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.crosscheck import add_grader_crosschecks
-from reasonrl.data import load_gsm8k
-from reasonrl.evaluation import add_paired_comparisons, evaluate_checkpoints
+from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
+from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.rollout import RolloutEngine
 
@@ -42,9 +42,31 @@ def training_prompts(models: dict[str, Path], grpo_prompt: str) -> dict[str, str
     return {name: grpo_prompt if name == "grpo" else "r1_zero" for name in models}
 
 
+def load_test_sets(directory: Path, names: list[str]) -> dict[str, list[GSM8KExample]]:
+    """Each of ``eval.test_sets`` as the download stage wrote it."""
+    paths = {name: directory / f"{name}.jsonl" for name in names}
+    for name, path in paths.items():
+        if not path.is_file():
+            raise DataFormatError(f"{path}: missing, though eval.test_sets names {name}; run the download stage")
+    return {name: load_gsm8k(path) for name, path in paths.items()}
+
+
+def print_results(results: dict[str, EvalResult], split: str) -> None:
+    for name, result in results.items():
+        metrics, interval = result.metrics, result.metrics["accuracy_interval"]
+        agreement = metrics.get("grader_agreement")
+        print(
+            f"{name} ({metrics['prompt']} prompt): {split} accuracy {metrics['accuracy']:.3f} "
+            f"[{interval['low']:.3f}, {interval['high']:.3f}] ({interval['method']}, n={metrics['n']} answers to "
+            f"{metrics['questions']} questions), format rate {metrics['format_rate']:.3f}"
+            + ("" if agreement is None else f", math-verify agrees with the grader on {agreement:.3f}")
+        )
+
+
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with test.jsonl")
+    parser.add_argument("--test-sets", required=True, help="directory with one <name>.jsonl per eval.test_sets")
     parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
     parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
@@ -56,6 +78,7 @@ def main() -> None:
     models = parse_models(args.model)
     prompts = training_prompts(models, params.grpo.prompt)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
+    held_out = load_test_sets(Path(args.test_sets), [test_set.name for test_set in params.eval.test_sets])
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
     engine = RolloutEngine(next(iter(models.values())), params.rollout)
@@ -63,22 +86,34 @@ def main() -> None:
         engine, models, test, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
     )
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
-    add_paired_comparisons(results, {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model})
+    references = {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model}
+    add_paired_comparisons(results, references)
     # A second, independent grader on every answer: its disagreements with ours go to the report.
     disagreements = add_grader_crosschecks(results)
+    # The extra held-out sets with the same models, prompts, sampling and seed as the test split.
+    set_results = {}
+    for set_name, examples in held_out.items():
+        set_results[set_name] = evaluate_checkpoints(
+            engine, models, examples, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
+        )
+        add_paired_comparisons(set_results[set_name], references)
+    if set_results:
+        for name, result in results.items():
+            result.metrics["test_sets"] = {
+                set_name: by_route[name].metrics for set_name, by_route in set_results.items()
+            }
     with atomic_directory(args.generations) as staging:
         for name, result in results.items():
             atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
+        for set_name, by_route in set_results.items():
+            (staging / "test_sets" / set_name).mkdir(parents=True)
+            for name, result in by_route.items():
+                atomic_write_jsonl(staging / "test_sets" / set_name / f"{name}.jsonl", result.records)
     atomic_write_json(args.crosscheck, disagreements)
     atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
-    for name, result in results.items():
-        metrics, interval = result.metrics, result.metrics["accuracy_interval"]
-        print(
-            f"{name} ({metrics['prompt']} prompt): test accuracy {metrics['accuracy']:.3f} "
-            f"[{interval['low']:.3f}, {interval['high']:.3f}] ({interval['method']}, n={metrics['n']} answers to "
-            f"{metrics['questions']} questions), format rate {metrics['format_rate']:.3f}, math-verify agrees with the "
-            f"grader on {metrics['grader_agreement']:.3f}"
-        )
+    print_results(results, "test")
+    for set_name, by_route in set_results.items():
+        print_results(by_route, f"{set_name} (eval.test_sets)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ from reasonrl.sft import BestCheckpoint, Pair, run_sft, save_policy, start_train
 
 def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
     pairs = [Pair(record["prompt"], record["response"]) for record in read_jsonl(path)]
+    if not pairs:
+        raise ConfigError(
+            f"sft.dataset: {path} holds no SFT pairs (reports/filter_cots/stats.json counts why each was dropped); "
+            "train data without reasoning (answer_format: number) leaves filtered empty: use sft.dataset: full"
+        )
     if num_examples is not None and num_examples > len(pairs):
         raise ConfigError(f"sft.num_examples: asks for {num_examples} pairs but {path} has {len(pairs)}")
     return pairs[:num_examples]

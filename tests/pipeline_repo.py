@@ -41,6 +41,15 @@ TINY_PIPELINE_OVERRIDES = {
     "grpo.checkpoint_every": 1,
 }
 
+# The example of a user's own data (README "Your own data"): each file and the SHA-256 the README gives for it.
+EXAMPLE_DATA = "examples/word_problems"
+EXAMPLE_SHA256 = {
+    "train": "547433c75387fa29a9b154364e44e4478032a985a7c0f819bc89cfd012869e3a",
+    "test": "992e0f3b3dc66fffe92231a9a907afd5191e657c851a95cedb3f3255c724691c",
+    "shifted": "36f001e4a0cdcbf6811c3e3fa64721111949a2d81ce5c00c427d307a85e30961",
+}
+EXAMPLE_FIELDS = {"question_field": "problem", "answer_field": "solution", "answer_format": "boxed"}
+
 
 def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)

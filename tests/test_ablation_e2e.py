@@ -5,7 +5,14 @@ import json
 
 import pytest
 import yaml
-from pipeline_repo import TINY_PIPELINE_OVERRIDES, make_pipeline_repo, run
+from pipeline_repo import (
+    EXAMPLE_DATA,
+    EXAMPLE_FIELDS,
+    EXAMPLE_SHA256,
+    TINY_PIPELINE_OVERRIDES,
+    make_pipeline_repo,
+    run,
+)
 
 from reasonrl.presets import apply_to_file
 
@@ -293,13 +300,75 @@ def assert_graded_by_user_reward(clone) -> None:
         assert any(dep["path"] == "rewards" for dep in lock[stage]["deps"]), stage
 
 
-def test_a_users_reward_grades_every_stage_and_an_edit_reruns_them(repo):
-    """``dvc exp run -S rewards.r1_zero=rewards.<module>:<function>``: the user's function, loaded from the
-    repository's rewards/, grades wherever the r1_zero prompt is used; an edit to rewards/ makes exactly the stages
-    that grade stale."""
+def test_own_data_and_reward_with_an_extra_test_set_as_one_experiment(repo):
+    """The README's "Your own data" and "Your own reward" runs as one experiment (each reruns every stage):
+    ``data.name=jsonl`` on the shipped example (``problem``/``solution`` fields, boxed answers), its shifted set as
+    ``eval.test_sets`` and ``rewards.r1_zero=rewards.<module>:<function>``, all set with ``-S`` as a user types them.
+    Every stage runs on the converted data; final_eval grades each route on the test split and on the shifted set,
+    and the metrics, the headline, the report and the generations hold both; the user's function, loaded from the
+    repository's rewards/, grades wherever the r1_zero prompt is used, and an edit to rewards/ makes exactly the
+    stages that grade stale."""
     clone, env = repo
-    spec = add_marked_reward(clone)
-    run(["dvc", "exp", "run", "--name", "own-reward", "-S", f"rewards.r1_zero={spec}"], clone, env)
+    run(["git", "checkout", "--", "params.yaml"], clone, env)  # the preset, without the earlier tests' -S values
+    fields = ", ".join(f"{key}: {value}" for key, value in EXAMPLE_FIELDS.items())
+    shifted = f"[{{name: shifted, path: {EXAMPLE_DATA}/shifted.jsonl, sha256: {EXAMPLE_SHA256['shifted']}, {fields}}}]"
+    reward = add_marked_reward(clone)
+    overrides = {"data.name": "jsonl", "eval.test_sets": shifted, "rewards.r1_zero": reward} | {
+        f"data.jsonl.{k}": v for k, v in EXAMPLE_FIELDS.items()
+    }
+    for split in ("train", "test"):
+        overrides |= {f"data.jsonl.{split}.path": f"{EXAMPLE_DATA}/{split}.jsonl"}
+        overrides |= {f"data.jsonl.{split}.sha256": EXAMPLE_SHA256[split]}
+    arguments = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
+    run(["dvc", "exp", "run", "--name", "own-data", *arguments], clone, env)
+
+    data = clone / "data/gsm8k"
+    sizes = {name: len((data / f"{name}.jsonl").read_text().splitlines()) for name in ("train", "val", "test")}
+    assert sizes == {"train": 300 - 16, "val": 16, "test": 60}  # data.val_size 16 carved from the example's train
+    assert len((clone / "data/test_sets/shifted.jsonl").read_text().splitlines()) == 60
+    stats = json.loads((clone / "reports/filter_cots/stats.json").read_text())
+    assert stats["examples"] == 284 and stats["dropped"]["no_reasoning"] == 0  # boxed answers carry reasoning
+
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    for route in ROUTES:
+        on_shifted = final[route]["test_sets"]["shifted"]
+        assert final[route]["n"] == 60 and on_shifted["n"] == 60 and on_shifted["prompt"] == final[route]["prompt"]
+        interval = on_shifted["accuracy_interval"]
+        assert interval["level"] == 0.95 and interval["low"] <= on_shifted["accuracy"] <= interval["high"]
+        records = (clone / f"reports/final/generations/test_sets/shifted/{route}.jsonl").read_text().splitlines()
+        assert len(records) == 60 and json.loads(records[0])["question"].startswith(
+            json.loads((clone / EXAMPLE_DATA / "shifted.jsonl").read_text().splitlines()[0])["problem"]
+        )
+    assert final["grpo"]["test_sets"]["shifted"]["paired"]["reference"] == "sft"
+
+    headline = json.loads((clone / "reports/headline.json").read_text())
+    assert headline["test_set_accuracy"] == {
+        "shifted": {r: final[r]["test_sets"]["shifted"]["accuracy"] for r in ROUTES}
+    }
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], clone, env))
+    assert "test_set_accuracy" in next(iter(shown.values()))["data"]["reports/headline.json"]["data"]
+
+    from reasonrl.report.tables import format_accuracy
+
+    report = (clone / "reports/report.md").read_text()
+    section = report[report.index("### Test set `shifted`") : report.index("## Grader cross-check")]
+    for route in ROUTES:
+        assert f"| {route} | 60 | {format_accuracy(final[route]['test_sets']['shifted'])} |" in section
+    assert f"`{EXAMPLE_DATA}/train.jsonl`" in report
+    print({route: (final[route]["accuracy"], final[route]["test_sets"]["shifted"]["accuracy"]) for route in ROUTES})
+
+    # Another test set after the run: download (the same data/gsm8k), final_eval and the report are stale, no
+    # stage that trains or samples on the splits.
+    params = clone / "params.yaml"
+    original = params.read_text()
+    assert original.count("name: shifted\n") == 1
+    try:
+        params.write_text(original.replace("name: shifted\n", "name: shifted-again\n"))
+        stale = set(json.loads(run(["dvc", "status", "--json"], clone, env)))
+    finally:
+        params.write_text(original)
+    assert stale == {"download", "final_eval", "report"}
+
     assert_graded_by_user_reward(clone)
     module = clone / "rewards/marked.py"
     try:

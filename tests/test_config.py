@@ -9,6 +9,8 @@ from reasonrl.config import ConfigError, Params, from_dict, load_params
 from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
+SHA = "ab" * 32
+TEST_SET = {"name": "x", "path": "x.jsonl", "sha256": SHA}
 
 
 def test_repository_params_are_valid_full_scale(params_file):
@@ -91,6 +93,26 @@ def test_repository_params_are_valid_full_scale(params_file):
             {"data": {"name": "arithmetic", "val_size": 5000}},
             r"data.val_size: must be less than data.arithmetic.train_size \(5000\)",
         ),
+        # Issue 23: your own data.
+        ({"data": {"name": "jsonl"}}, "data.jsonl.train.path: required with data.name: jsonl"),
+        (
+            {"data": {"name": "jsonl", "jsonl": {"train": {"path": "t.jsonl", "sha256": SHA}, "test": {"path": "u"}}}},
+            r"data.jsonl.test.sha256: required with data.name: jsonl: the file's SHA-256 .*\(`sha256sum u`\), got None",
+        ),
+        (
+            {"data": {"jsonl": {"answer_format": "latex"}}},
+            r"data.jsonl.answer_format: must be one of \['gsm8k', 'number', 'boxed'\]",
+        ),
+        ({"eval": {"test_sets": [{**TEST_SET, "name": "a.b"}]}}, "eval.test_sets\\[0\\].name: must be letters, digits"),
+        (
+            {"eval": {"test_sets": [TEST_SET, {**TEST_SET, "name": "x"}]}},
+            "eval.test_sets\\[1\\].name: 'x' names an earlier test set too",
+        ),
+        (
+            {"eval": {"test_sets": [{**TEST_SET, "sha256": SHA.upper()}]}},
+            "eval.test_sets\\[0\\].sha256: required for each test set: the file's SHA-256 as 64 lowercase",
+        ),
+        ({"eval": {"test_sets": [{**TEST_SET, "answer_field": 3}]}}, "eval.test_sets\\[0\\].answer_field: must be str"),
     ],
 )
 def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override, message):

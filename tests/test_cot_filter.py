@@ -5,6 +5,7 @@ from fractions import Fraction
 import pytest
 
 from reasonrl.cot_filter import (
+    DROP_REASONS,
     check_annotation,
     evaluate_arithmetic,
     make_sft_pairs,
@@ -60,6 +61,13 @@ def test_pairs_are_marked_with_the_reason_they_would_be_dropped():
     pairs = make_sft_pairs(examples)
     assert [pair.drop_reason for pair in pairs] == [None, "annotation_wrong", "annotation_unparsable"]
     assert pairs[0].prompt.endswith("User: q1\nAssistant: <think>")
+
+
+def test_an_answer_only_example_is_kept_in_full_and_dropped_from_filtered():
+    """A user's data with ``answer_format: number`` has no reasoning: nothing to verify as a chain of thought."""
+    (pair,) = make_sft_pairs([GSM8KExample("q", "", "7")])
+    assert pair.drop_reason == "no_reasoning" and "no_reasoning" in DROP_REASONS
+    assert pair.response == " </think> <answer> 7 </answer>"
 
 
 def test_synthetic_arithmetic_is_deterministic_valid_and_correct():

@@ -1,10 +1,10 @@
-"""GSM8K parsing: answer extraction and errors that name file and line."""
+"""GSM8K parsing and the conversion of a user's own records: answer extraction and errors that name file and line."""
 
 import json
 
 import pytest
 
-from reasonrl.data import DataFormatError, load_gsm8k, parse_record
+from reasonrl.data import DataFormatError, GSM8KExample, JsonlFields, convert_record, load_gsm8k, parse_record
 from reasonrl.grading import split_answer, strip_thousands_separators
 
 
@@ -62,3 +62,49 @@ def test_malformed_line_names_file_and_line(tmp_path, bad_line, message):
 def test_parse_record_default_location():
     with pytest.raises(DataFormatError, match=r"^<string>:1: invalid JSON"):
         parse_record("nope")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 23: a user's own jsonl files, converted into GSM8K lines
+
+BOXED = JsonlFields("problem", "solution", "boxed")
+
+
+@pytest.mark.parametrize(
+    ("fields", "record", "reasoning", "answer"),
+    [
+        (JsonlFields("q", "a", "gsm8k"), {"q": " Q? ", "a": "2 + 3 = 5\n#### 5"}, "2 + 3 = 5", "5"),
+        (JsonlFields("q", "a", "number"), {"q": "Q?", "a": "1,250"}, "", "1250"),
+        (JsonlFields("q", "a", "number"), {"q": "Q?", "a": -2.5}, "", "-2.5"),
+        (BOXED, {"problem": "Q?", "solution": "So.\nIt is \\boxed{\\frac{1}{2}}."}, "So.\nIt is",
+         "\\frac{1}{2}"),
+        (BOXED, {"problem": "Q?", "solution": "\\boxed{3} is wrong, \\boxed{4}", "id": 7}, "\\boxed{3} is wrong,", "4"),
+    ],
+)  # fmt: skip
+def test_own_records_become_gsm8k_lines_with_the_fields_mapped(fields, record, reasoning, answer):
+    line = convert_record(json.dumps(record), fields, "own.jsonl", 1)
+    assert parse_record(line) == GSM8KExample("Q?", reasoning, answer)
+    assert set(json.loads(line)) == {"question", "answer"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "bad_record", "message"),
+    [
+        (BOXED, {"question": "Q?", "solution": "\\boxed{4}"}, "missing key 'problem'"),
+        (BOXED, {"problem": "Q?", "solution": "4"}, r"'solution' has no closed, non-empty \\boxed\{...\}"),
+        (BOXED, {"problem": "Q?", "solution": "\\boxed{4"}, r"'solution' has no closed"),
+        (BOXED, {"problem": "Q?", "solution": "\\boxed{3 or 4}"}, r"from .solution. \(answer_format boxed\), "
+         "'3 or 4', is not one number the grader can compare"),
+        (BOXED, {"problem": ["Q?"], "solution": "\\boxed{4}"}, "'problem' must be a non-empty string"),
+        (JsonlFields("q", "a", "number"), {"q": "Q?", "a": True}, "'a' must be a non-empty string or a JSON number"),
+        (JsonlFields("q", "a", "number"), {"q": "Q?", "a": "5 apples and 6"}, "'5 apples and 6', is not one number"),
+        (JsonlFields("q", "a", "gsm8k"), {"q": "Q?", "a": "5"}, "'a' has no '####' before the final answer"),
+    ],
+)  # fmt: skip
+def test_a_bad_own_record_names_file_and_line(tmp_path, fields, bad_record, message):
+    answers = {"gsm8k": "#### 4", "number": "4", "boxed": "\\boxed{4}"}
+    good = json.dumps({fields.question_field: "Q?", fields.answer_field: answers[fields.answer_format]})
+    lines = [good, good, json.dumps(bad_record)]
+    with pytest.raises(DataFormatError, match=message) as error:
+        [convert_record(line, fields, "own.jsonl", number) for number, line in enumerate(lines, start=1)]
+    assert str(error.value).startswith("own.jsonl:3: ") and "\n" not in str(error.value)

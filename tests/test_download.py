@@ -1,12 +1,16 @@
-"""download stage: checksum, validation, train/val split, and no output left behind on failure."""
+"""download stage: checksum, validation, train/val split, a user's own data, and no output left behind on failure."""
 
 import hashlib
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from pipeline_repo import EXAMPLE_DATA, EXAMPLE_FIELDS, EXAMPLE_SHA256
 
 from reasonrl.config import ConfigError
 from reasonrl.data import DataFormatError, download_gsm8k, load_gsm8k, resolve_source, split_train_val
@@ -89,10 +93,78 @@ def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_param
     params = tmp_path / "params.yaml"
     params.write_text(full_scale_params.replace("val_size: 500", "val_size: -3"))
     result = subprocess.run(
-        [sys.executable, str(REPO / "stages/download.py"), "--params", str(params), "--out", str(tmp_path / "d")],
+        [
+            sys.executable,
+            str(REPO / "stages/download.py"),
+            "--params",
+            str(params),
+            "--out",
+            str(tmp_path / "d"),
+            "--test-sets",
+            str(tmp_path / "t"),
+        ],
         capture_output=True,
         text=True,
     )
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: {params}: data.val_size: must be ≥ 1, got -3"
     assert not (tmp_path / "d").exists()
+
+
+# Issue 23: your own data, on the example shipped in examples/word_problems.
+
+
+def own_data_params(tmp_path: Path, full_scale_params: str, **changes: object) -> Path:
+    """params.yaml reading the example: its train and test as data, its shifted set as an extra test set."""
+    tree = yaml.safe_load(full_scale_params)
+    tree["data"] |= {"name": "jsonl", "val_size": 20}
+    tree["data"]["jsonl"] = {
+        split: {"path": f"{EXAMPLE_DATA}/{split}.jsonl", "sha256": EXAMPLE_SHA256[split]} for split in ("train", "test")
+    } | EXAMPLE_FIELDS
+    shifted = {"name": "shifted", "path": f"{EXAMPLE_DATA}/shifted.jsonl", "sha256": EXAMPLE_SHA256["shifted"]}
+    tree["eval"]["test_sets"] = [shifted | EXAMPLE_FIELDS | changes]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+def run_download(params: Path, out: Path) -> subprocess.CompletedProcess:
+    """The download stage as DVC runs it: from the repository root, where relative data paths start; the test sets
+    go to ``<out>/../test_sets``."""
+    command = [sys.executable, "stages/download.py", "--params", str(params), "--out", str(out)]
+    command += ["--test-sets", str(out.parent / "test_sets")]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def test_own_data_and_test_sets_are_verified_and_converted_to_gsm8k_lines(tmp_path, full_scale_params):
+    out = tmp_path / "gsm8k"
+    result = run_download(own_data_params(tmp_path, full_scale_params), out)
+    assert result.returncode == 0, result.stderr
+    assert "train 280, val 20, test 60, test set shifted 60" in result.stdout
+    train, test = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "test.jsonl")
+    shifted = load_gsm8k(tmp_path / "test_sets" / "shifted.jsonl")
+    assert (len(train), len(test), len(shifted)) == (280, 60, 60)
+    first = json.loads((REPO / EXAMPLE_DATA / "test.jsonl").read_text().splitlines()[0])
+    assert test[0].question == first["problem"]
+    assert f"\\boxed{{{test[0].answer}}}" in first["solution"] and test[0].reasoning in first["solution"]
+    # Off the training distribution: more steps (a reasoning line each) than any training example has.
+    assert min(len(e.reasoning.splitlines()) for e in shifted) > max(len(e.reasoning.splitlines()) for e in train)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sha256": "0" * 64}, r"shifted.jsonl: SHA-256 36f0.* does not match eval.test_sets\[0\].sha256 = 0{64}; "),
+        ({"path": "examples/nowhere.jsonl"}, r"examples/nowhere.jsonl: no such file \(eval.test_sets\[0\].path; "),
+        ({"answer_format": "number"}, r"shifted.jsonl:1: the answer read from 'solution' \(answer_format number\)"),
+    ],
+)
+def test_a_bad_test_set_stops_the_download_in_one_line_and_leaves_nothing(
+    tmp_path, full_scale_params, changes, message
+):
+    out = tmp_path / "gsm8k"
+    result = run_download(own_data_params(tmp_path, full_scale_params, **changes), out)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert re.search(message, result.stderr), result.stderr
+    assert not out.exists() and not (tmp_path / "test_sets").exists()

@@ -65,7 +65,7 @@ def test_each_model_gets_its_training_prompt(tiny_model_dir):
 def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     result = subprocess.run(
         [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(params_file),
-         "--data", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
+         "--data", str(tmp_path), "--test-sets", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
          "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g"),
          "--crosscheck", str(tmp_path / "c.json")],
         capture_output=True, text=True,

@@ -439,6 +439,39 @@ def test_headline_is_read_from_the_route_metrics(reports_dir, tmp_path):
     assert headline["wall_clock_seconds"] == {"sft": None, "ei": None, "grpo": None}
 
 
+# Issue 23: extra held-out sets (eval.test_sets), (correct, format_only, neither) per route on each.
+TEST_SET_COUNTS = {"shifted": {"base": (0, 1, 9), "sft": (1, 6, 3), "ei": (2, 6, 2), "grpo": (3, 5, 2)}}
+
+
+def test_extra_test_sets_get_a_table_each_in_the_report_and_their_accuracy_in_the_headline(
+    reports_dir, report_params_file, tmp_path
+):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    final = final_summaries()
+    for route in ROUTES:  # as final_eval writes them: each route's summary on each set, under its test_sets
+        final[route]["test_sets"] = {name: summarize(graded(*c[route])) for name, c in TEST_SET_COUNTS.items()}
+    (reports / "final" / "metrics.json").write_text(json.dumps(final))
+
+    markdown = render_markdown(build_report(ReportInputs(reports, report_params_file)).blocks, "figures")
+    section = markdown[markdown.index("## Extra held-out test sets") : markdown.index("## Grader cross-check")]
+    assert "### Test set `shifted`" in section
+    for route, (correct, format_only, neither) in TEST_SET_COUNTS["shifted"].items():
+        categories = f"{correct} / {format_only} / {neither}"
+        row = f"| {route} | 10 | {accuracy_cell(correct, 10)} | {10 * (correct + format_only):.1f}% | {categories} |"
+        assert row in section
+    assert "Change in `shifted` accuracy: SFT vs BASE +10.0 points; EI vs SFT +10.0 points" in section
+
+    headline = headline_metrics(reports)
+    assert list(headline) == ["test_accuracy", "test_set_accuracy", "grpo_best_val_accuracy", "wall_clock_seconds"]
+    assert headline["test_set_accuracy"] == {"shifted": {"base": 0.0, "sft": 0.1, "ei": 0.2, "grpo": 0.3}}
+
+    del final["ei"]["test_sets"]  # a route without a set the others have: the file is not what final_eval writes
+    (reports / "final" / "metrics.json").write_text(json.dumps(final))
+    with pytest.raises(ReportInputError, match=r"metrics.json: ei: test_sets \[\], expected \['shifted'\]"):
+        headline_metrics(reports)
+
+
 def test_headline_without_final_metrics_names_the_file(tmp_path):
     with pytest.raises(ReportInputError, match=re.escape(str(tmp_path / "final" / "metrics.json"))):
         headline_metrics(tmp_path)

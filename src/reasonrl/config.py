@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
+from reasonrl.data import ANSWER_FORMATS, JsonlFields
 from reasonrl.errors import ConfigError
 from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
 from reasonrl.prompts import PROMPT_NAMES
@@ -30,6 +31,7 @@ LossTypeName = Literal[tuple(LOSS_TYPES)]
 LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
 KLEstimator = Literal[KL_ESTIMATORS]
 LRSchedule = Literal[tuple(LR_SCHEDULES)]
+AnswerFormat = Literal[ANSWER_FORMATS]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
@@ -75,12 +77,74 @@ class ArithmeticConfig:
             _require(getattr(self, name) >= 1, f"data.arithmetic.{name}", f"must be ≥ 1, got {getattr(self, name)}")
 
 
+_SHA256 = re.compile("[0-9a-f]{64}")
+# A test set's name is a file name and a metric key: DVC joins nested metric keys with dots.
+_TEST_SET_NAME = re.compile("[A-Za-z0-9_-]+")
+
+
+def _check_jsonl_file(path: str | None, sha256: str | None, name: str, needed_by: str) -> None:
+    """A user's file must come with its checksum: an unpinned file can change under an experiment unnoticed."""
+    _require(bool(path), f"{name}.path", f"required {needed_by}: a local file (from the repository root) or a URL")
+    _require(
+        sha256 is not None and _SHA256.fullmatch(sha256) is not None,
+        f"{name}.sha256",
+        f"required {needed_by}: the file's SHA-256 as 64 lowercase hex digits (`sha256sum {path}`), got {sha256!r}",
+    )
+
+
+@dataclass(frozen=True)
+class JsonlFileConfig:
+    """One of a user's jsonl files and its SHA-256 (``data.jsonl.train``, ``data.jsonl.test``)."""
+
+    path: str | None = None
+    """A local file, relative to the repository root, or an http(s) URL."""
+    sha256: str | None = None
+    """The file's SHA-256: a mismatch stops the download stage."""
+
+
+@dataclass(frozen=True)
+class JsonlDataConfig:
+    """``data.jsonl``: a user's own train and test files (``data.name: jsonl``), converted into GSM8K's format."""
+
+    train: JsonlFileConfig = field(default_factory=JsonlFileConfig)
+    test: JsonlFileConfig = field(default_factory=JsonlFileConfig)
+    question_field: str = "question"
+    """The key of each line's question."""
+    answer_field: str = "answer"
+    """The key of each line's answer, read as ``answer_format`` says."""
+    answer_format: AnswerFormat = "gsm8k"
+    """``gsm8k``: reasoning, then ``#### N``; ``number``: the bare answer (no reasoning); ``boxed``: the last
+    ``\\boxed{…}`` is the answer, the text before it the reasoning."""
+
+    @property
+    def fields(self) -> JsonlFields:
+        return JsonlFields(self.question_field, self.answer_field, self.answer_format)
+
+
+@dataclass(frozen=True)
+class TestSetConfig:
+    """One of ``eval.test_sets``: an extra held-out set that final_eval grades every route on."""
+
+    name: str = ""
+    """Names the set in the metrics, the headline and the report: letters, digits, ``_`` and ``-``."""
+    path: str | None = None
+    sha256: str | None = None
+    question_field: str = "question"
+    answer_field: str = "answer"
+    answer_format: AnswerFormat = "gsm8k"
+
+    @property
+    def fields(self) -> JsonlFields:
+        return JsonlFields(self.question_field, self.answer_field, self.answer_format)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """``data``: where the problems come from and how train is split into train/val."""
 
-    name: Literal["gsm8k", "arithmetic"] = "gsm8k"
-    """``gsm8k``: GSM8K's official jsonl files; ``arithmetic``: the synthetic set written in GSM8K's format."""
+    name: Literal["gsm8k", "arithmetic", "jsonl"] = "gsm8k"
+    """``gsm8k``: GSM8K's official jsonl files; ``arithmetic``: the synthetic set written in GSM8K's format;
+    ``jsonl``: the user's own files (``data.jsonl``)."""
     url: str = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
     """Base URL of the official upstream files (used when no mirror is given)."""
     mirror: str | None = None
@@ -97,9 +161,14 @@ class DataConfig:
     split_seed: int = 0
     """Seed of the train/val shuffle."""
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    jsonl: JsonlDataConfig = field(default_factory=JsonlDataConfig)
 
     def __post_init__(self) -> None:
         _require(set(self.sha256) == {"train", "test"}, "data.sha256", "needs exactly the keys train and test")
+        if self.name == "jsonl":
+            for split in ("train", "test"):
+                file = getattr(self.jsonl, split)
+                _check_jsonl_file(file.path, file.sha256, f"data.jsonl.{split}", "with data.name: jsonl")
         _require(self.val_size >= 1, "data.val_size", f"must be ≥ 1, got {self.val_size}")
         # GSM8K's train size is known once the download stage has read the file (it checks there).
         _require(
@@ -235,6 +304,8 @@ class EvalConfig:
     """Evaluate the first N questions of the split; null = all."""
     samples_per_question: int = 1
     """Samples per question; accuracy averages over all of them (more samples → smaller standard error)."""
+    test_sets: list[TestSetConfig] = field(default_factory=list)
+    """Extra held-out sets final_eval grades every route on, each reported on its own (README "Your own data")."""
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "eval.temperature", f"must be ≥ 0, got {self.temperature}")
@@ -253,6 +324,17 @@ class EvalConfig:
         _require(self.samples_per_question >= 1, "eval.samples_per_question", "must be ≥ 1")
         for index, stop in enumerate(self.stop):
             _require(stop != "", f"eval.stop[{index}]", "must be a non-empty string (vLLM refuses an empty one)")
+        names: set[str] = set()
+        for index, test_set in enumerate(self.test_sets):
+            name = f"eval.test_sets[{index}]"
+            _require(
+                _TEST_SET_NAME.fullmatch(test_set.name) is not None,
+                f"{name}.name",
+                f"must be letters, digits, _ or - (it names a file and a metric), got {test_set.name!r}",
+            )
+            _require(test_set.name not in names, f"{name}.name", f"{test_set.name!r} names an earlier test set too")
+            names.add(test_set.name)
+            _check_jsonl_file(test_set.path, test_set.sha256, name, "for each test set")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 GSM8K solutions carry calculator annotations, ``48/2 = <<48/2=24>>24``. The response keeps the reasoning without
 them, in the r1_zero format: ``<reasoning> </think> <answer> N </answer>``. A pair is kept for ``filtered`` when
 that response earns reward 1 from r1_zero's reward (params' ``rewards.r1_zero``) and every annotation is
-arithmetically right.
+arithmetically right. An example without reasoning (a user's data with ``answer_format: number``) gives an
+answer-only pair: kept in ``full``, dropped from ``filtered`` as ``no_reasoning``, since there is no chain of thought
+to verify.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 _TOKEN = re.compile(r"\s*(\d+\.?\d*|\.\d+|\*\*|//|[-+*/x^()])")
 _MAX_EXPONENT = 64  # a larger power is no grade-school arithmetic, and would be slow to compute exactly
 
-DROP_REASONS = ("reward", "annotation_unparsable", "annotation_wrong")
+DROP_REASONS = ("reward", "annotation_unparsable", "annotation_wrong", "no_reasoning")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,9 @@ def strip_annotations(text: str) -> str:
 
 def reference_response(example: GSM8KExample) -> str:
     """The reference solution in the r1_zero response format (the prompt already opened ``<think>``)."""
-    return f" {strip_annotations(example.reasoning).strip()} </think> <answer> {example.answer} </answer>"
+    reasoning = strip_annotations(example.reasoning).strip()
+    thought = f" {reasoning}" if reasoning else ""
+    return f"{thought} </think> <answer> {example.answer} </answer>"
 
 
 class _Parser:
@@ -150,6 +154,8 @@ def make_sft_pair(example: GSM8KExample, template: str, reward_fn: RewardFn) -> 
             break
     if reward_fn(response, example.answer)["reward"] != 1.0:
         drop_reason = "reward"
+    if not example.reasoning.strip():
+        drop_reason = "no_reasoning"
     return SFTPair(prompt=format_prompt(template, example.question), response=response, drop_reason=drop_reason)
 
 

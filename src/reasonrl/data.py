@@ -1,7 +1,9 @@
-"""GSM8K records: parsing, validation and answer extraction.
+"""GSM8K records: parsing, validation and answer extraction; a user's own jsonl files converted to them.
 
 A GSM8K jsonl line is ``{"question": ..., "answer": "<reasoning>\\n#### <final answer>"}``. Every malformed line is
 an error that names the file and line: a silently skipped example changes the data set without anyone noticing.
+A user's own data (``data.name: jsonl``, ``eval.test_sets``) is converted into such lines by the download stage, so
+every later stage reads one format.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from pathlib import Path
 
 from reasonrl.atomic import atomic_directory
 from reasonrl.errors import ConfigError, UserError
-from reasonrl.grading import ANSWER_DELIMITER, ground_truth_value, split_answer
+from reasonrl.grading import (
+    ANSWER_DELIMITER,
+    BOXED_START,
+    ground_truth_value,
+    last_boxed_content,
+    split_answer,
+    strip_thousands_separators,
+)
 
 SPLITS = ("train", "test")
 # The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
@@ -119,12 +128,13 @@ def fetch(source: str, split: str) -> tuple[bytes, str]:
     return path.read_bytes(), str(path)
 
 
-def verify_sha256(content: bytes, expected: str, location: str, param: str) -> None:
+def verify_sha256(
+    content: bytes, expected: str, location: str, param: str, release: str = "the official GSM8K release"
+) -> None:
     actual = hashlib.sha256(content).hexdigest()
     if actual != expected:
         raise DataFormatError(
-            f"{location}: SHA-256 {actual} does not match {param} = {expected}; "
-            f"the file is corrupt or not the official GSM8K release"
+            f"{location}: SHA-256 {actual} does not match {param} = {expected}; the file is corrupt or not {release}"
         )
 
 
@@ -173,3 +183,109 @@ def download_gsm8k(
     """Fetch, verify and validate GSM8K, split train into train/val, write ``{train,val,test}.jsonl`` atomically."""
     verified = fetch_verified_gsm8k(source, sha256)
     return write_splits(verified["train"], verified["test"], val_size, split_seed, out_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A user's own data: jsonl files with any two field names, converted into GSM8K lines
+
+ANSWER_FORMATS = ("gsm8k", "number", "boxed")
+"""How an answer field is read: ``gsm8k`` reasoning then ``#### N``; ``number`` the field is the bare answer (a JSON
+number or a string), with no reasoning; ``boxed`` the last ``\\boxed{…}`` is the answer, the text before it the
+reasoning."""
+
+
+@dataclass(frozen=True)
+class JsonlFields:
+    """Where a user's file keeps the question and the answer, and how the answer is written."""
+
+    question_field: str
+    answer_field: str
+    answer_format: str
+
+
+def read_answer(value: object, answer_format: str) -> tuple[str, str]:
+    """(reasoning, final answer) of one answer field in ``answer_format``; ValueError says what is wrong."""
+    if answer_format == "number" and isinstance(value, int | float) and not isinstance(value, bool):
+        return "", str(value)
+    if not isinstance(value, str) or not value.strip():
+        kind = "a non-empty string or a JSON number" if answer_format == "number" else "a non-empty string"
+        raise ValueError(f"must be {kind}")
+    if answer_format == "gsm8k":
+        try:
+            return split_answer(value)
+        except ValueError as error:
+            raise ValueError(f"has {error}") from None
+    if answer_format == "number":
+        return "", strip_thousands_separators(value.strip())
+    content = last_boxed_content(value)
+    if content is None or not content.strip():
+        raise ValueError(f"has no closed, non-empty {BOXED_START}...}} (answer_format boxed)")
+    return value[: value.rfind(BOXED_START)].strip(), content.strip()
+
+
+def convert_record(line: str, fields: JsonlFields, source: str, line_number: int) -> str:
+    """One line of a user's jsonl file as a GSM8K jsonl line; any defect raises :class:`DataFormatError` naming
+    ``source:line_number``."""
+    where = f"{source}:{line_number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in (fields.question_field, fields.answer_field):
+        if key not in record:
+            raise DataFormatError(f"{where}: missing key '{key}'")
+    question = record[fields.question_field]
+    if not isinstance(question, str) or not question.strip():
+        raise DataFormatError(f"{where}: '{fields.question_field}' must be a non-empty string")
+    try:
+        reasoning, answer = read_answer(record[fields.answer_field], fields.answer_format)
+    except ValueError as error:
+        raise DataFormatError(f"{where}: '{fields.answer_field}' {error}") from None
+    if ANSWER_DELIMITER in answer or ground_truth_value(answer) is None:
+        raise DataFormatError(
+            f"{where}: the answer read from '{fields.answer_field}' (answer_format {fields.answer_format}), "
+            f"{answer!r}, is not one number the grader can compare (such as 72, -3, 1,000, 2.5 or \\frac{{1}}{{2}}): "
+            "no response could ever be rewarded for it"
+        )
+    body = f"{reasoning}\n{ANSWER_DELIMITER} {answer}" if reasoning else f"{ANSWER_DELIMITER} {answer}"
+    return json.dumps({"question": question.strip(), "answer": body}, ensure_ascii=False)
+
+
+def fetch_file(location: str, param: str) -> bytes:
+    """The bytes of a local file (relative to the working directory: the repository root in a stage) or a URL."""
+    if location.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(location, timeout=60) as response:
+                return response.read()
+        except OSError as error:
+            raise DataFormatError(f"{location}: download failed ({error}); {param} can name a local file") from None
+    path = Path(location)
+    if not path.is_file():
+        raise DataFormatError(f"{location}: no such file ({param}; a relative path is read from the repository root)")
+    return path.read_bytes()
+
+
+def fetch_verified_jsonl(location: str, sha256: str, fields: JsonlFields, param: str) -> list[str]:
+    """A user's jsonl file (``param``: the dotted params that name it, for errors), checked against its SHA-256,
+    every line validated and converted into a GSM8K line."""
+    content = fetch_file(location, f"{param}.path")
+    verify_sha256(content, sha256, location, f"{param}.sha256", release=f"the file {param}.sha256 was taken from")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFormatError(f"{location}: not UTF-8 text (byte {error.start})") from None
+    lines = [convert_record(line, fields, location, number) for number, line in enumerate(jsonl_lines(text), 1)]
+    if not lines:
+        raise DataFormatError(f"{location}: no examples ({param}.path)")
+    return lines
+
+
+def write_test_sets(test_sets: dict[str, list[str]], out_dir: str | Path) -> None:
+    """Each extra held-out set as ``<out_dir>/<name>.jsonl``, atomically; no sets, an empty directory. A directory
+    of its own, apart from the splits: DVC hashes a directory output whole, so a set added there would make every
+    stage that reads the splits rerun."""
+    with atomic_directory(out_dir) as staging:
+        for name, lines in test_sets.items():
+            (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -1,6 +1,7 @@
 """The ``report`` stage's logic: read what the other stages wrote, draw the figures, render Markdown and HTML.
 
-Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set),
+Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set, and on
+each of ``eval.test_sets`` under the route's ``test_sets``),
 ``final/grader_crosscheck.json`` (the answers math-verify grades differently from our grader),
 ``baseline/metrics.json`` (zero-shot, one summary per prompt), the DVCLive directories ``{sft,ei,grpo}/live``
 and GRPO's example rollouts ``grpo/live/examples/step_*.json``. Only the run's own files, each a dependency of the
@@ -35,6 +36,7 @@ from reasonrl.report.inputs import (
     pick_example_files,
     read_metric,
     read_params,
+    test_set_summaries,
 )
 from reasonrl.report.tables import (
     INTERVAL_NAMES,
@@ -57,7 +59,10 @@ def _run_section(report: Report, flat: Mapping[str, Any]) -> None:
     """What was run (``flat``: the dotted params): a tiny model on synthetic problems reads very differently from
     the 1.5B model on GSM8K."""
     data = flat.get("data.name", "gsm8k")
-    task = "synthetic arithmetic word problems in GSM8K's format" if data == "arithmetic" else "GSM8K"
+    task = {
+        "arithmetic": "synthetic arithmetic word problems in GSM8K's format",
+        "jsonl": f"the user's own data (`{flat.get('data.jsonl.train.path')}`, `{flat.get('data.jsonl.test.path')}`)",
+    }.get(data, "GSM8K")
     report.blocks.append(
         Paragraph(
             f"Model `{flat.get('model.name')}` on {task} (`data.name: {data}`). Every route is evaluated on the same "
@@ -122,6 +127,23 @@ INTERVAL_EXPLANATIONS = {
     "spread of the per-question accuracies, the questions taken as a sample of questions like them)",
 }
 """How each ``accuracy_interval.method`` is computed, in words for the figure caption."""
+
+
+def _test_sets_section(report: Report, sets: Mapping[str, dict[str, dict[str, Any]]], final_path: Path) -> None:
+    report.blocks.append(Heading(2, "Extra held-out test sets"))
+    report.blocks.append(
+        Paragraph(
+            "Each of `eval.test_sets`, graded for every route with the same prompts, sampling and seed as the test "
+            f"split; from `{final_path.as_posix()}` (each route's `test_sets`), the answers under "
+            "`final/generations/test_sets/`."
+        )
+    )
+    for name, summaries in sets.items():
+        report.blocks.append(Heading(3, f"Test set `{name}`"))
+        report.blocks.append(summary_table(summaries, "route"))
+        report.blocks.append(Paragraph(f"Change in `{name}` accuracy: " + "; ".join(accuracy_changes(summaries)) + "."))
+        if paired := paired_sentences(summaries):
+            report.blocks.append(Paragraph(f"Paired, {paired_test_names(summaries)}: " + "; ".join(paired) + "."))
 
 
 def _test_accuracy_section(report: Report, final: dict[str, dict[str, Any]], final_path: Path) -> None:
@@ -345,6 +367,8 @@ def build_report(inputs: ReportInputs) -> Report:
     params = flatten(read_params(inputs.params_path))
     _run_section(report, params)
     _test_accuracy_section(report, final, final_path)
+    if sets := test_set_summaries(final, final_path):
+        _test_sets_section(report, sets, final_path)
     _grader_section(report, final, reports / "final" / "grader_crosscheck.json")
     _validation_section(report, live)
     _dynamics_section(report, live)

@@ -47,6 +47,22 @@ def load_summaries(path: Path, required: Iterable[str] = ()) -> dict[str, dict[s
     return data
 
 
+def test_set_summaries(final: Mapping[str, Mapping[str, Any]], source: object) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{set name: {route: summary}}`` from the routes' ``test_sets`` (``eval.test_sets``, in the file's order);
+    every route must have every set."""
+    names = list(next(iter(final.values())).get("test_sets", {}))
+    sets: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
+    for route, summary in final.items():
+        if list(summary.get("test_sets", {})) != names:
+            raise ReportInputError(
+                f"{source}: {route}: test_sets {list(summary.get('test_sets', {}))}, "
+                f"expected {names} as the first route has"
+            )
+        for name in names:
+            sets[name][route] = summary["test_sets"][name]
+    return sets
+
+
 CROSSCHECK_KEYS = {"question_index", "ground_truth", "answer", "ours_correct", "math_verify_correct"}
 
 
