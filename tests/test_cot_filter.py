@@ -51,13 +51,13 @@ def test_check_annotation(annotation, verdict):
     assert check_annotation(annotation) == verdict
 
 
-def test_pairs_are_marked_with_the_reason_they_would_be_dropped():
+def test_pairs_are_marked_with_the_reason_they_would_be_dropped(tiny_tokenizer):
     examples = [
         GSM8KExample("q1", "2 + 2 = <<2+2=4>>4", "4"),
         GSM8KExample("q2", "2 + 2 = <<2+2=5>>5", "5"),
         GSM8KExample("q3", "2 + 2 = <<2+2>>4", "4"),
     ]
-    pairs = make_sft_pairs(examples)
+    pairs = make_sft_pairs(examples, "r1_zero", tiny_tokenizer)
     assert [pair.drop_reason for pair in pairs] == [None, "annotation_wrong", "annotation_unparsable"]
     assert pairs[0].prompt.endswith("User: q1\nAssistant: <think>")
 

@@ -13,7 +13,7 @@ from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTC
 from reasonrl.data import parse_lines
 from reasonrl.expert_iteration import run_expert_iteration
 from reasonrl.grpo import run_grpo
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft
 from reasonrl.synthetic import arithmetic_lines
@@ -57,9 +57,9 @@ class PhaseRecorder:
 def test_sft_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     recorder = PhaseRecorder(engine, policy, monkeypatch)
-    template = load_prompt("r1_zero")
+    prompt = load_prompt("r1_zero")
     pairs = [
-        Pair(format_prompt(template, p.question), f" {p.reasoning} </think> <answer> {p.answer} </answer>")
+        Pair(prompt.render(p.question, tokenizer), f" {p.reasoning} </think> <answer> {p.answer} </answer>")
         for p in problems
     ]
     config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2)

@@ -11,10 +11,14 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from reasonrl.data import GSM8KExample
 from reasonrl.grading import r1_zero_reward_fn
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import Prompt, load_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 _TOKEN = re.compile(r"\s*(\d+\.?\d*|\.\d+|\*\*|//|[-+*/x^()])")
@@ -139,7 +143,7 @@ def check_annotation(annotation: str) -> str | None:
     return None if rounded or truncated else "annotation_wrong"
 
 
-def make_sft_pair(example: GSM8KExample, template: str) -> SFTPair:
+def make_sft_pair(example: GSM8KExample, prompt: Prompt, tokenizer: PreTrainedTokenizerBase) -> SFTPair:
     response = reference_response(example)
     drop_reason = None
     for annotation in _ANNOTATION.findall(example.reasoning):
@@ -148,10 +152,11 @@ def make_sft_pair(example: GSM8KExample, template: str) -> SFTPair:
             break
     if r1_zero_reward_fn(response, example.answer)["reward"] != 1.0:
         drop_reason = "reward"
-    return SFTPair(prompt=format_prompt(template, example.question), response=response, drop_reason=drop_reason)
+    return SFTPair(prompt=prompt.render(example.question, tokenizer), response=response, drop_reason=drop_reason)
 
 
-def make_sft_pairs(examples: list[GSM8KExample]) -> list[SFTPair]:
-    """One pair per example, in order, each marked with why it would be dropped (if it would)."""
-    template = load_prompt("r1_zero")
-    return [make_sft_pair(example, template) for example in examples]
+def make_sft_pairs(examples: list[GSM8KExample], prompt_name: str, tokenizer: PreTrainedTokenizerBase) -> list[SFTPair]:
+    """One pair per example, in order, its prompt ``prompt_name`` (one in r1_zero's answer form, ``sft.prompt``)
+    rendered for ``tokenizer``, each marked with why it would be dropped (if it would)."""
+    prompt = load_prompt(prompt_name)
+    return [make_sft_pair(example, prompt, tokenizer) for example in examples]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import ANSWER_FNS, REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import ANSWER_FNS, REWARD_FNS, load_prompt
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -140,9 +140,10 @@ def evaluate(
     that prompt's reward function. ``seed`` makes the sampling repeatable (None: the engine's running stream).
     ``progress`` labels a progress bar over the answers; None (validation inside a training loop, which has its
     own bar) shows none."""
-    template, reward_fn, answer_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name], ANSWER_FNS[prompt_name]
+    prompt, reward_fn, answer_fn = load_prompt(prompt_name), REWARD_FNS[prompt_name], ANSWER_FNS[prompt_name]
     examples = examples[: config.num_examples]
-    prompts = [format_prompt(template, example.question) for example in examples]
+    tokenizer = engine.tokenizer()
+    prompts = [prompt.render(example.question, tokenizer) for example in examples]
     outputs = engine.generate(
         prompts,
         n=config.samples_per_question,

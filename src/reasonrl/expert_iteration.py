@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from reasonrl.grading import r1_zero_reward_fn
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import REWARD_FNS, RewardFn, load_prompt
 from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
 
 if TYPE_CHECKING:
@@ -21,13 +20,13 @@ if TYPE_CHECKING:
 
 
 def correct_pairs(
-    questions: list[GSM8KExample], prompts: list[str], samples: list[list[Sample]]
+    questions: list[GSM8KExample], prompts: list[str], samples: list[list[Sample]], reward_fn: RewardFn
 ) -> tuple[list[Pair], int]:
-    """The rollouts that earn reward 1, as SFT pairs, and how many questions have at least one."""
+    """The rollouts that earn reward 1 from ``reward_fn``, as SFT pairs, and how many questions have at least one."""
     kept: list[Pair] = []
     solved = 0
     for example, prompt, group in zip(questions, prompts, samples, strict=True):
-        correct = [s.text for s in group if r1_zero_reward_fn(s.text, example.answer)["reward"] == 1.0]
+        correct = [s.text for s in group if reward_fn(s.text, example.answer)["reward"] == 1.0]
         kept.extend(Pair(prompt, text) for text in correct)
         solved += bool(correct)
     return kept, solved
@@ -45,7 +44,7 @@ def run_expert_iteration(
 ) -> BestCheckpoint:
     """``config.n_steps`` rounds; a round with no correct rollout is logged (``ei/skipped_rounds``) and makes no
     update. Validation after every round; returns the best round's weights."""
-    template = load_prompt("r1_zero")
+    prompt = load_prompt(config.prompt)
     question_rng = random.Random(config.seed)
     best = BestCheckpoint()
     skipped = 0
@@ -53,7 +52,7 @@ def run_expert_iteration(
         live.step = round_index
         # Sample G answers per question from the current policy, loaded into the engine for this phase.
         questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
-        prompts = [format_prompt(template, example.question) for example in questions]
+        prompts = [prompt.render(example.question, tokenizer) for example in questions]
         with engine.serving(policy):
             samples = engine.generate(
                 prompts,
@@ -63,7 +62,7 @@ def run_expert_iteration(
                 max_tokens=config.max_tokens,
                 stop=eval_config.stop,
             )
-        kept, solved = correct_pairs(questions, prompts, samples)
+        kept, solved = correct_pairs(questions, prompts, samples, REWARD_FNS[config.prompt])
         lengths = [sample.length for group in samples for sample in group]
         live.log_metric("rollout/questions_with_correct", solved)
         live.log_metric("rollout/kept_pairs", len(kept))
@@ -82,7 +81,7 @@ def run_expert_iteration(
         live.log_metric("ei/skipped_rounds", skipped)
 
         # Validate the round's weights.
-        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples).metrics
+        val_metrics = validate(engine, policy, val, eval_config, config.eval_examples, config.prompt).metrics
         log_validation(live, val_metrics)
         best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
         live.next_step()
