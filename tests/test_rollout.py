@@ -251,7 +251,8 @@ def test_seed_reproduces_samples(engine, tiny_model):
     engine.sync_weights(tiny_model)
     # Long prompts, many sequences: several prefill steps and a populated prefix cache between the calls.
     prompt = load_prompt("r1_zero")
-    prompts = [prompt.render(f"Tom has {i} apples and buys {2 * i} more. How many?", engine.tokenizer()) for i in range(48)]
+    questions = [f"Tom has {i} apples and buys {2 * i} more. How many?" for i in range(48)]
+    prompts = [prompt.render(question, engine.tokenizer()) for question in questions]
     first = engine.generate(prompts, n=4, max_tokens=24, seed=7)
     engine.generate(prompts[:5], n=3, max_tokens=9)  # unseeded: advances the engine's own stream
     torch.manual_seed(123)

@@ -129,8 +129,8 @@ class TinyModelSpec:
         _require(
             self.vocab_size >= TINY_MIN_VOCAB,
             "model.tiny.vocab_size",
-            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens and <|endoftext|>, which the tokenizer holds "
-            f"whatever its size), got {self.vocab_size}",
+            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens, <|endoftext|>, <|im_start|> and <|im_end|>, "
+            f"which the tokenizer holds whatever its size), got {self.vocab_size}",
         )
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
             _require(getattr(self, name) >= 1, f"model.tiny.{name}", f"must be ≥ 1, got {getattr(self, name)}")
