@@ -47,6 +47,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from reasonrl.config import DataConfig, EngineConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resolve_source
@@ -59,7 +60,7 @@ from reasonrl.grpo import (
     score_rollouts,
 )
 from reasonrl.models import prepare_base_model
-from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import REWARD_FNS, load_prompt
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import load_policy
 
@@ -215,7 +216,6 @@ def main() -> None:
     data = DataConfig()  # the official files, checksum-verified: from $GSM8K_MIRROR when set, else downloaded
     examples = parse_lines(fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256)["train"], "GSM8K train")
     questions = examples[: args.questions]
-    prompts = [format_prompt(load_prompt(PROMPT), example.question) for example in questions]
     config = GRPOConfig(
         learning_rate=args.learning_rate,
         rollout_batch_size=args.questions * args.group_size,
@@ -232,6 +232,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         model_dir = str(Path(workdir) / "model")
         description = prepare_base_model("tiny", TinyModelSpec(), seed=0, train=examples, out_dir=Path(model_dir))
+        prompt, tokenizer = load_prompt(PROMPT), AutoTokenizer.from_pretrained(model_dir)
+        prompts = [prompt.render(example.question, tokenizer) for example in questions]
         print(f"model: {description}, fp32; torch threads {torch.get_num_threads()}")
         print(
             f"shape: {args.questions} prompts x {args.group_size} samples x {args.max_tokens} forced tokens, one "

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from reasonrl.config import DataConfig, EngineConfig, TinyModelSpec
 from reasonrl.data import fetch_verified_gsm8k, parse_lines, resolve_source
 from reasonrl.models import prepare_base_model
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 from reasonrl.rollout import RolloutEngine
 
 
@@ -107,14 +107,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)  # before the engine starts: its OpenMP kernels share torch's threads
     data = DataConfig()  # the official files, checksum-verified: from $GSM8K_MIRROR when set, else downloaded
     examples = parse_lines(fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256)["train"], "GSM8K train")
-    template = load_prompt("r1_zero")
     chosen = examples[: args.prompts]
-    prompts = [format_prompt(template, example.question) for example in chosen]
 
     with tempfile.TemporaryDirectory() as model_dir:
         # -- the model both peers load ---------------------------------------------------------------------------
         description = prepare_base_model("tiny", TinyModelSpec(), seed=0, train=examples, out_dir=Path(model_dir))
         tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        prompt = load_prompt("r1_zero")
+        prompts = [prompt.render(example.question, tokenizer) for example in chosen]
         reference_lengths = [len(ids) for ids in tokenizer([reference_response(e) for e in chosen])["input_ids"]]
         prompt_lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
         dtype = getattr(torch, args.dtype)

@@ -1,12 +1,15 @@
-"""Stage baseline: zero-shot test accuracy of the base model, once per prompt (r1_zero, question_only)."""
+"""Stage baseline: zero-shot test accuracy of the base model, once per prompt of ``baseline.prompts``."""
 
 from pathlib import Path
+
+from transformers import AutoTokenizer
 
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import evaluate
+from reasonrl.prompts import check_prompt
 from reasonrl.rollout import RolloutEngine
 
 
@@ -20,6 +23,9 @@ def main() -> None:
     params = load_params(args.params)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
 
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    for name in params.baseline.prompts:
+        check_prompt(name, "baseline.prompts", tokenizer, args.model)
     engine = RolloutEngine(args.model, params.rollout)
     results = {
         name: evaluate(engine, test, name, params.eval, progress=name, rewards=params.rewards.specs)

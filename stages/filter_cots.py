@@ -1,5 +1,5 @@
-"""Stage filter_cots: GSM8K train → SFT pairs in the r1_zero format, all (full) and verified-correct (filtered: the
-reference response earns reward 1 from ``rewards.r1_zero``)."""
+"""Stage filter_cots: GSM8K train → SFT pairs in the r1_zero format (prompt ``sft.prompt``), all (full) and
+verified-correct (filtered: the reference response earns reward 1 from ``rewards.<sft.prompt>``)."""
 
 import statistics
 from pathlib import Path
@@ -11,6 +11,7 @@ from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.cot_filter import DROP_REASONS, make_sft_pairs
 from reasonrl.data import load_gsm8k
+from reasonrl.prompts import check_prompt
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:
@@ -26,13 +27,17 @@ def length_stats(lengths: list[int]) -> dict[str, float]:
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with train.jsonl")
-    parser.add_argument("--model", required=True, help="base model directory (its tokenizer measures lengths)")
+    parser.add_argument(
+        "--model", required=True, help="base model directory (its tokenizer renders chat prompts, measures lengths)"
+    )
     parser.add_argument("--out", required=True, help="output directory for full.jsonl and filtered.jsonl")
     parser.add_argument("--stats", required=True, help="statistics JSON to write")
     args = parser.parse_args()
     params = load_params(args.params)
-    pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"), params.rewards.specs)
+    prompt = params.sft.prompt
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    check_prompt(prompt, "sft.prompt", tokenizer, args.model)
+    pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"), prompt, tokenizer, params.rewards.specs)
 
     full = [{"prompt": pair.prompt, "response": pair.response} for pair in pairs]
     filtered = [record for record, pair in zip(full, pairs, strict=True) if pair.drop_reason is None]

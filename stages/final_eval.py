@@ -1,6 +1,7 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
-(and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``grpo.prompt`` for the model named grpo,
-r1_zero for the others. Then the same on each of ``eval.test_sets``, reported under the route's ``test_sets``."""
+(and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``sft.prompt``, ``ei.prompt`` and ``grpo.prompt``;
+the base model with ``sft.prompt``, the prompt SFT starts it on. Then the same on each of ``eval.test_sets``, reported
+under the route's ``test_sets``."""
 
 from pathlib import Path
 
@@ -8,11 +9,12 @@ from transformers import AutoTokenizer
 
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
-from reasonrl.config import ConfigError, load_params
+from reasonrl.config import ConfigError, Params, load_params
 from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
+from reasonrl.prompts import check_prompt
 from reasonrl.rollout import RolloutEngine
 
 
@@ -35,11 +37,19 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
     return models
 
 
-def training_prompts(models: dict[str, Path], grpo_prompt: str) -> dict[str, str]:
-    """The prompt of each model: ``grpo_prompt`` (``grpo.prompt``, validated by the params loader: it is read from
-    params.yaml, never templated into the command, where a shell would run it) for grpo; SFT and expert iteration
-    train on r1_zero, and base is the model they start from."""
-    return {name: grpo_prompt if name == "grpo" else "r1_zero" for name in models}
+PROMPT_SECTIONS = {"base": "sft", "sft": "sft", "ei": "ei", "grpo": "grpo"}
+"""The params section whose ``prompt`` each model is graded with, by the model's name: read from params.yaml
+(validated by the params loader), never templated into the command, where a shell would run it."""
+
+
+def training_prompts(models: dict[str, Path], params: Params) -> dict[str, str]:
+    """The prompt each model trained with (base: the one SFT starts it on)."""
+    prompts = {}
+    for name in models:
+        if name not in PROMPT_SECTIONS:
+            raise ConfigError(f"--model {name}=...: NAME must be one of {', '.join(PROMPT_SECTIONS)}, a route's model")
+        prompts[name] = getattr(params, PROMPT_SECTIONS[name]).prompt
+    return prompts
 
 
 def load_test_sets(directory: Path, names: list[str]) -> dict[str, list[GSM8KExample]]:
@@ -76,12 +86,16 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     models = parse_models(args.model)
-    prompts = training_prompts(models, params.grpo.prompt)
+    prompts = training_prompts(models, params)
+    first = next(iter(models.values()))
+    tokenizer = AutoTokenizer.from_pretrained(first)  # the engine's: it renders every model's prompts
+    for name, prompt in prompts.items():
+        check_prompt(prompt, f"{PROMPT_SECTIONS[name]}.prompt", tokenizer, first)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
     held_out = load_test_sets(Path(args.test_sets), [test_set.name for test_set in params.eval.test_sets])
 
     # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
-    engine = RolloutEngine(next(iter(models.values())), params.rollout)
+    engine = RolloutEngine(first, params.rollout)
     results = evaluate_checkpoints(
         engine, models, test, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
     )

@@ -113,6 +113,7 @@ def test_a_prompt_edit_makes_exactly_the_stages_that_read_it_stale(repo):
     readers = {  # with grpo.prompt: r1_zero, as the CPU preset has it
         "r1_zero": {"prepare_model", "baseline", "filter_cots", "sft", "expert_iteration", "grpo", "final_eval"},
         "question_only": {"prepare_model", "baseline"},
+        "r1_zero_chat": {"prepare_model", "baseline"},
     }
     for name, expected in readers.items():
         prompt = clone / f"src/reasonrl/prompts/{name}.prompt"
@@ -155,15 +156,16 @@ def test_a_stage_depends_on_the_model_it_starts_from_only(repo):
 
 
 def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
-    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering, LoRA, two samples per question and the
-    question_only prompt, all on at once in one ``dvc exp run``: each shows up in the curves or the metrics it
-    promises, and the final evaluation grades GRPO with the prompt it trained with."""
+    """Clip-higher, the KL penalty, dynamic sampling, overlong filtering, LoRA, two samples per question, the
+    question_only prompt for GRPO and the chat prompt r1_zero_chat for SFT and EI (the tiny tokenizer's ChatML), all
+    on at once in one ``dvc exp run``: each shows up in the curves or the metrics it promises, and the final
+    evaluation grades each route with the prompt it trained with."""
     clone, env = repo
     recipes = {
         "grpo.loss_type": "grpo_clip", "grpo.epochs_per_rollout_batch": 2, "grpo.cliprange_high": 0.28,
         "grpo.kl_coef": 0.1, "grpo.dynamic_sampling": "true", "grpo.max_sampling_rounds": 2,
         "grpo.mask_truncated": "true", "eval.samples_per_question": 2, "grpo.lora_rank": 8,
-        "grpo.prompt": "question_only",
+        "grpo.prompt": "question_only", "sft.prompt": "r1_zero_chat", "ei.prompt": "r1_zero_chat",
     }  # fmt: skip
     overrides = [arg for key, value in recipes.items() for arg in ("-S", f"{key}={value}")]
     run(["dvc", "exp", "run", "--name", "recipes", *overrides], clone, env)
@@ -183,13 +185,19 @@ def test_the_recipes_beyond_the_handout_run_together_as_one_experiment(repo):
     report = (clone / "reports/report.md").read_text()
     assert "pass@2" in report and "grpo `question_only`" in report
     assert {route: summary["prompt"] for route, summary in final.items()} == {
-        "base": "r1_zero",
-        "sft": "r1_zero",
-        "ei": "r1_zero",
+        "base": "r1_zero_chat",  # sft.prompt: the prompt SFT starts it on
+        "sft": "r1_zero_chat",
+        "ei": "r1_zero_chat",
         "grpo": "question_only",
     }
     records = [json.loads(line) for line in (clone / "reports/final/generations/grpo.jsonl").open()]
     assert "<think>" not in records[0]["prompt"]  # the bare question, as GRPO trained on it
+    chat_start, chat_end = "<|im_start|>system\nA conversation between User", "<|im_start|>assistant\n<think>"
+    pairs = [json.loads(line) for line in (clone / "data/sft/filtered.jsonl").open()]
+    for route in ("base", "sft", "ei"):
+        records = [json.loads(line) for line in (clone / f"reports/final/generations/{route}.jsonl").open()]
+        assert records[0]["prompt"].startswith(chat_start) and records[0]["prompt"].endswith(chat_end)
+    assert pairs[0]["prompt"].startswith(chat_start) and pairs[0]["prompt"].endswith(chat_end)  # what SFT trained on
 
 
 def test_grpo_on_two_ranks_is_an_experiment_like_any_other(repo):

@@ -41,16 +41,18 @@ def uncovered(deps: tuple[str, ...], script: Path) -> list[str]:
 def templates_read(stage: str, params: dict) -> set[str]:
     """The prompt templates a stage reads by name at run time, which no import shows: baseline all of
     ``baseline.prompts`` (a list DVC cannot template into deps, so it depends on every template), the tiny tokenizer
-    of prepare_model every template (reasonrl.models.tokenizer_corpus), the r1_zero routes r1_zero, GRPO its
-    ``grpo.prompt``, and the final evaluation both kinds."""
+    of prepare_model every template (reasonrl.models.tokenizer_corpus), filter_cots and sft (its validation) the
+    ``sft.prompt``, expert iteration its ``ei.prompt``, GRPO its ``grpo.prompt``, and the final evaluation all three
+    (base with ``sft.prompt``)."""
+    sft, ei, grpo = (params[section]["prompt"] for section in ("sft", "ei", "grpo"))
     return {
         "prepare_model": set(PROMPT_NAMES),
         "baseline": set(PROMPT_NAMES),
-        "filter_cots": {"r1_zero"},
-        "sft": {"r1_zero"},  # its validation
-        "expert_iteration": {"r1_zero"},
-        "grpo": {params["grpo"]["prompt"]},
-        "final_eval": {"r1_zero", params["grpo"]["prompt"]},
+        "filter_cots": {sft},
+        "sft": {sft},
+        "expert_iteration": {ei},
+        "grpo": {grpo},
+        "final_eval": {sft, ei, grpo},
     }.get(stage, set())
 
 
@@ -77,11 +79,14 @@ def test_a_missing_module_is_found(stages):
     assert uncovered(without, script) == ["src/reasonrl/config.py", "src/reasonrl/prompts/__init__.py"]
 
 
-@pytest.mark.parametrize("grpo_prompt", PROMPT_NAMES)
-def test_each_stage_depends_on_the_templates_it_reads_only(tmp_path, full_scale_params, grpo_prompt):
+@pytest.mark.parametrize(
+    "prompts",
+    [{"grpo.prompt": name} for name in PROMPT_NAMES] + [{"sft.prompt": "r1_zero_chat", "ei.prompt": "question_only"}],
+)
+def test_each_stage_depends_on_the_templates_it_reads_only(tmp_path, full_scale_params, prompts):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(full_scale_params)
-    apply_to_file({"grpo.prompt": grpo_prompt}, params_file)
+    apply_to_file(prompts, params_file)
     params = yaml.safe_load(params_file.read_text())
     for name, stage in read_pipeline(REPO / "dvc.yaml", params).items():
         templates = {Path(dep).stem for dep in stage.deps if dep.endswith(".prompt")}

@@ -52,20 +52,20 @@ def test_check_annotation(annotation, verdict):
     assert check_annotation(annotation) == verdict
 
 
-def test_pairs_are_marked_with_the_reason_they_would_be_dropped():
+def test_pairs_are_marked_with_the_reason_they_would_be_dropped(tiny_tokenizer):
     examples = [
         GSM8KExample("q1", "2 + 2 = <<2+2=4>>4", "4"),
         GSM8KExample("q2", "2 + 2 = <<2+2=5>>5", "5"),
         GSM8KExample("q3", "2 + 2 = <<2+2>>4", "4"),
     ]
-    pairs = make_sft_pairs(examples)
+    pairs = make_sft_pairs(examples, "r1_zero", tiny_tokenizer)
     assert [pair.drop_reason for pair in pairs] == [None, "annotation_wrong", "annotation_unparsable"]
     assert pairs[0].prompt.endswith("User: q1\nAssistant: <think>")
 
 
-def test_an_answer_only_example_is_kept_in_full_and_dropped_from_filtered():
+def test_an_answer_only_example_is_kept_in_full_and_dropped_from_filtered(tiny_tokenizer):
     """A user's data with ``answer_format: number`` has no reasoning: nothing to verify as a chain of thought."""
-    (pair,) = make_sft_pairs([GSM8KExample("q", "", "7")])
+    (pair,) = make_sft_pairs([GSM8KExample("q", "", "7")], "r1_zero", tiny_tokenizer)
     assert pair.drop_reason == "no_reasoning" and "no_reasoning" in DROP_REASONS
     assert pair.response == " </think> <answer> 7 </answer>"
 

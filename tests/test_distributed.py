@@ -20,7 +20,7 @@ from reasonrl.config import ConfigError, DistributedConfig, Params, from_dict, p
 from reasonrl.distributed import SINGLE, Ranks, init_ranks
 from reasonrl.grpo import NonFiniteGuard, make_optimizer, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
-from reasonrl.prompts import REWARD_FNS, format_prompt, load_prompt
+from reasonrl.prompts import REWARD_FNS, load_prompt
 from reasonrl.sft import load_policy
 
 TESTS = Path(__file__).resolve().parent
@@ -182,8 +182,8 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
 
     # The ranks' rows (rows 0-15 and 16-31 of the union, either way) fill different numbers of token-budget
     # microbatches: the rank with fewer runs zero-weight ones to keep the collectives in step.
-    prompts = [format_prompt(load_prompt("r1_zero"), question.question) for question in questions]
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    prompts = [load_prompt("r1_zero").render(question.question, tokenizer) for question in questions]
     batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)  # the sampled ids as training tensors
     counts = [
         len(split_microbatches(rows, batch.sequence_lengths, CONFIG.microbatch_size, CONFIG.microbatch_tokens))

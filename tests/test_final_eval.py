@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "stages"))
 from final_eval import parse_models, training_prompts  # noqa: E402
 
-from reasonrl.config import ConfigError  # noqa: E402
+from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig  # noqa: E402
 from reasonrl.evaluation import (  # noqa: E402
     EvalResult,
     add_paired_comparisons,
@@ -57,9 +57,12 @@ def test_models_with_different_vocabularies_are_refused(tiny_model_dir, tmp_path
 
 def test_each_model_gets_its_training_prompt(tiny_model_dir):
     models = dict.fromkeys(["base", "sft", "ei", "grpo"], tiny_model_dir)
-    assert training_prompts(models, "question_only") == {
-        "base": "r1_zero", "sft": "r1_zero", "ei": "r1_zero", "grpo": "question_only"
+    params = Params(sft=SFTConfig(prompt="r1_zero_chat"), grpo=GRPOConfig(prompt="question_only"))
+    assert training_prompts(models, params) == {
+        "base": "r1_zero_chat", "sft": "r1_zero_chat", "ei": "r1_zero", "grpo": "question_only"
     }  # fmt: skip
+    with pytest.raises(ConfigError, match="^--model other=...: NAME must be one of base, sft, ei, grpo"):
+        training_prompts({"other": tiny_model_dir}, params)
 
 
 def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):

@@ -3,6 +3,8 @@
 In ``colocate`` that is what frees the engine's GPU memory for training; here (CPU) sleeping frees nothing, but the
 engine keeps the same awake/asleep state and refuses to generate while asleep, so these runs check the loops' order:
 every policy forward (training and old log-probs) sees a sleeping engine, and every sample comes from a woken one.
+Each loop runs with the chat prompt ``r1_zero_chat``: every prompt it gives the engine (rollouts and validation)
+is rendered through the tiny tokenizer's chat template.
 """
 
 import pytest
@@ -14,7 +16,7 @@ from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTC
 from reasonrl.data import parse_lines
 from reasonrl.expert_iteration import run_expert_iteration
 from reasonrl.grpo import run_grpo
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 from reasonrl.rollout import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft
 from reasonrl.synthetic import arithmetic_lines
@@ -40,10 +42,11 @@ def problems():
 
 
 class PhaseRecorder:
-    """Records, for every forward pass of the policy, whether the engine was asleep; counts the engine's wakes."""
+    """Records, for every forward pass of the policy, whether the engine was asleep; counts the engine's wakes and
+    keeps the prompts it is given."""
 
     def __init__(self, engine: RolloutEngine, policy: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.engine, self.asleep_at_forward, self.wakes = engine, [], 0
+        self.engine, self.asleep_at_forward, self.wakes, self.prompts = engine, [], 0, []
         # The decoder: the log-prob path runs it directly, not through the causal-LM wrapper.
         hook = lambda module, args: self.asleep_at_forward.append(engine.asleep)  # noqa: E731
         policy.get_decoder().register_forward_pre_hook(hook)
@@ -54,34 +57,47 @@ class PhaseRecorder:
             wake_up(policy)
 
         monkeypatch.setattr(engine, "wake_up", counting_wake_up)
+        generate = engine.generate
 
-    def check(self, expected_wakes: int) -> None:
+        def recording_generate(prompts, **kwargs):
+            self.prompts.extend(prompts)
+            return generate(prompts, **kwargs)
+
+        monkeypatch.setattr(engine, "generate", recording_generate)
+
+    def check(self, expected_wakes: int, problems: list, tokenizer) -> None:
         assert self.asleep_at_forward and all(self.asleep_at_forward), "the policy ran while the engine was awake"
         assert self.wakes == expected_wakes
         assert self.engine.asleep, "a loop left the engine awake"
+        chat = {load_prompt("r1_zero_chat").render(p.question, tokenizer) for p in problems}
+        assert self.prompts and set(self.prompts) <= chat, "a prompt was not r1_zero_chat through the chat template"
+        assert all(prompt.startswith("<|im_start|>system\n") for prompt in chat)
 
 
 def test_sft_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     recorder = PhaseRecorder(engine, policy, monkeypatch)
-    template = load_prompt("r1_zero")
+    prompt = load_prompt("r1_zero_chat")
     pairs = [
-        Pair(format_prompt(template, p.question), f" {p.reasoning} </think> <answer> {p.answer} </answer>")
+        Pair(prompt.render(p.question, tokenizer), f" {p.reasoning} </think> <answer> {p.answer} </answer>")
         for p in problems
     ]
-    config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2)
+    config = SFTConfig(batch_size=4, microbatch_size=2, max_steps=4, eval_every=2, eval_examples=2, prompt=prompt.name)
     run_sft(
         policy, tokenizer, pairs, config, engine, problems[:2], EVAL,
         open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
         checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
     )  # fmt: skip
-    recorder.check(expected_wakes=2)  # validation after steps 2 and 4
+    recorder.check(expected_wakes=2, problems=problems, tokenizer=tokenizer)  # validation after steps 2 and 4
 
 
 def test_expert_iteration_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     recorder = PhaseRecorder(engine, policy, monkeypatch)
-    config = EIConfig(n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4)
+    config = EIConfig(
+        n_steps=2, questions_per_step=4, num_rollouts=2, max_tokens=8, eval_examples=2, batch_size=4,
+        prompt="r1_zero_chat",
+    )  # fmt: skip
     # A round whose rollouts are all wrong trains on nothing: make every round keep its pairs by rewarding anything.
     monkeypatch.setattr("reasonrl.expert_iteration.prompt_reward", lambda prompt, rewards=None: keep_everything)
     run_expert_iteration(
@@ -89,7 +105,7 @@ def test_expert_iteration_trains_while_the_engine_sleeps(engine, tiny_model_dir,
         open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
         checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
     )  # fmt: skip
-    recorder.check(expected_wakes=4)  # each round: sampling, then validation
+    recorder.check(expected_wakes=4, problems=problems, tokenizer=tokenizer)  # each round: sampling, then validation
 
 
 def test_grpo_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, tmp_path, monkeypatch):
@@ -98,13 +114,14 @@ def test_grpo_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, t
     config = GRPOConfig(
         n_grpo_steps=2, rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2,
         loss_type="grpo_clip", max_tokens=8, eval_every=2, eval_examples=2, checkpoint_every=100,
+        prompt="r1_zero_chat",
     )  # fmt: skip
     run_grpo(
         policy, tokenizer, engine, problems, problems[:2], config, EVAL,
         open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
         checkpoint_dir=tmp_path / "checkpoints", init_model_dir=tiny_model_dir,
     )  # fmt: skip
-    recorder.check(expected_wakes=4)  # validation at steps 0 and 2, rollouts at steps 0 and 1
+    recorder.check(expected_wakes=4, problems=problems, tokenizer=tokenizer)  # validation at 0 and 2, rollouts 0, 1
 
 
 class Crash(Exception):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import reasonrl
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 
 CORE = [
     "tokenize_prompt_and_output",
@@ -36,14 +36,14 @@ def test_reward_functions_importable():
 
 
 def test_r1_zero_prompt_ends_by_opening_the_thought():
-    prompt = format_prompt(load_prompt("r1_zero"), "What is 2+3?")
+    prompt = load_prompt("r1_zero").render("What is 2+3?", tokenizer=None)  # a plain prompt needs no tokenizer
     assert prompt.startswith("A conversation between User and Assistant.")
     assert "\nUser: What is 2+3?\nAssistant: <think>" in prompt
     assert prompt.endswith("Assistant: <think>")
 
 
 def test_question_only_prompt_is_the_question():
-    assert format_prompt(load_prompt("question_only"), "What is {x}?") == "What is {x}?"
+    assert load_prompt("question_only").render("What is {x}?", tokenizer=None) == "What is {x}?"
 
 
 def test_unknown_prompt_is_rejected():

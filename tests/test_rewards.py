@@ -43,9 +43,9 @@ def test_each_prompt_defaults_to_its_built_in_reward(params_file):
     assert all(reward_fn(name) is REWARD_FNS[name] for name in PROMPT_NAMES)
 
 
-def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file):
+def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file, tiny_tokenizer):
     specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
-    assert specs == {"r1_zero": TOLERANT, "question_only": "question_only"}
+    assert specs == {"r1_zero": TOLERANT, "question_only": "question_only", "r1_zero_chat": "r1_zero_chat"}
     tolerant_reward = prompt_reward("r1_zero", specs)
     assert tolerant_reward.__code__.co_filename == str(REPO / "rewards/tolerant.py")
     assert prompt_reward("question_only", specs) is question_only_reward_fn
@@ -54,14 +54,14 @@ def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file):
     # expert iteration's filter
     question = GSM8KExample("q", "", "300")
     samples = [[Sample(NEAR, [1], None, prompt_token_ids=[2], finish="stop_string")]]
-    assert correct_pairs([question], ["p"], samples, specs) == ([Pair("p", NEAR)], 1)
-    assert correct_pairs([question], ["p"], samples) == ([], 0)
+    assert correct_pairs([question], ["p"], samples, prompt_reward("r1_zero", specs)) == ([Pair("p", NEAR)], 1)
+    assert correct_pairs([question], ["p"], samples, prompt_reward("r1_zero")) == ([], 0)
     # the SFT filter grades the reference responses with it
     always_wrong = {"r1_zero": "rewards.tolerant:FORMAT_CREDIT"}  # refused by params; the filter trusts its caller
     example = GSM8KExample("q", "3 * 100 = <<3*100=300>>300", "300")
-    assert make_sft_pairs([example], specs)[0].drop_reason is None
+    assert make_sft_pairs([example], "r1_zero", tiny_tokenizer, specs)[0].drop_reason is None
     with pytest.raises(RewardSpecError, match="has no function FORMAT_CREDIT"):
-        make_sft_pairs([example], always_wrong)
+        make_sft_pairs([example], "r1_zero", tiny_tokenizer, always_wrong)
 
 
 def test_grpo_scores_rollouts_with_the_users_reward(params_file):

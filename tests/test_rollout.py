@@ -21,7 +21,7 @@ import torch
 from reasonrl.config import ConfigError, EngineConfig
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.memory import check_gpus
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 from reasonrl.rollout import _UNDERSTOOD_WARNINGS, RELOAD_LOGGER, RolloutEngine, Sample, _quiet_understood_warnings
 
 # Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
@@ -250,8 +250,9 @@ def test_only_the_rotary_reload_warning_is_silenced(engine):
 def test_seed_reproduces_samples(engine, tiny_model):
     engine.sync_weights(tiny_model)
     # Long prompts, many sequences: several prefill steps and a populated prefix cache between the calls.
-    template = load_prompt("r1_zero")
-    prompts = [format_prompt(template, f"Tom has {i} apples and buys {2 * i} more. How many?") for i in range(48)]
+    prompt = load_prompt("r1_zero")
+    questions = [f"Tom has {i} apples and buys {2 * i} more. How many?" for i in range(48)]
+    prompts = [prompt.render(question, engine.tokenizer()) for question in questions]
     first = engine.generate(prompts, n=4, max_tokens=24, seed=7)
     engine.generate(prompts[:5], n=3, max_tokens=9)  # unseeded: advances the engine's own stream
     torch.manual_seed(123)

@@ -8,6 +8,7 @@ from reasonrl.batching import sequence_lengths, split_microbatches
 from reasonrl.config import EIConfig, SFTConfig
 from reasonrl.data import GSM8KExample
 from reasonrl.expert_iteration import correct_pairs
+from reasonrl.grading import r1_zero_reward_fn
 from reasonrl.rollout import Sample
 from reasonrl.sft import Pair, make_optimizer, sft_steps
 
@@ -113,7 +114,7 @@ def test_ei_keeps_only_correct_rollouts():
         [sample(" x </think> <answer> 7 </answer>"), sample(" x </think> <answer> 8 </answer>")],
         [sample(" x </think> <answer> 31 </answer>"), sample("no answer")],
     ]
-    kept, solved = correct_pairs(questions, ["p1", "p2"], samples)
+    kept, solved = correct_pairs(questions, ["p1", "p2"], samples, r1_zero_reward_fn)
     assert kept == [Pair("p1", " x </think> <answer> 7 </answer>")]
     assert solved == 1
 

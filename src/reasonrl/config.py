@@ -21,7 +21,7 @@ import yaml
 from reasonrl.data import ANSWER_FORMATS, JsonlFields
 from reasonrl.errors import ConfigError
 from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
-from reasonrl.prompts import PROMPT_NAMES
+from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
 from reasonrl.rewards import RewardSpecError, check_reward
 from reasonrl.schedules import LR_SCHEDULES
 
@@ -42,9 +42,12 @@ on the same GPU; 0.3 leaves them room on an 80 GB card and still gives the engin
 Qwen2.5-1.5B)."""
 DTYPES = ("float32", "bfloat16", "float16")
 Precision = Literal["mixed", "bf16"]
-TINY_MIN_VOCAB = 256 + 1
+TINY_MIN_VOCAB = 256 + 3
 """The smallest vocabulary of the tiny model's tokenizer (``reasonrl.tiny_model.train_tokenizer``): its byte-level
-alphabet and ``<|endoftext|>``, which a smaller ``vocab_size`` gets anyway."""
+alphabet, ``<|endoftext|>`` and ChatML's two turn delimiters, which a smaller ``vocab_size`` gets anyway."""
+R1_ZERO_FORM = tuple(name for name in PROMPT_NAMES if REWARD_FNS[name] is REWARD_FNS["r1_zero"])
+"""Prompts whose answers take r1_zero's ``<think> … </think> <answer> … </answer>`` form, as SFT's reference
+responses do."""
 
 
 def is_int(value: object) -> bool:
@@ -196,8 +199,8 @@ class TinyModelSpec:
         _require(
             self.vocab_size >= TINY_MIN_VOCAB,
             "model.tiny.vocab_size",
-            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens and <|endoftext|>, which the tokenizer holds "
-            f"whatever its size), got {self.vocab_size}",
+            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens, <|endoftext|>, <|im_start|> and <|im_end|>, "
+            f"which the tokenizer holds whatever its size), got {self.vocab_size}",
         )
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
             _require(getattr(self, name) >= 1, f"model.tiny.{name}", f"must be ≥ 1, got {getattr(self, name)}")
@@ -341,8 +344,9 @@ class EvalConfig:
 class BaselineConfig:
     """``baseline``: the zero-shot evaluation of the base model on the test set."""
 
-    prompts: list[str] = field(default_factory=lambda: list(PROMPT_NAMES))
-    """Prompt templates to evaluate, each scored with its own reward function."""
+    prompts: list[str] = field(default_factory=lambda: ["r1_zero", "question_only"])
+    """Prompt templates to evaluate, each scored with its own reward function; a chat prompt (``r1_zero_chat``)
+    needs a tokenizer with a chat template."""
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.prompts if name not in PROMPT_NAMES]
@@ -478,6 +482,10 @@ class SFTConfig(SFTOptimization):
     (fp32 weights and AdamW's two moments of the 1.5B model), so not every step."""
     keep_every: int = 0
     """Keep the policy every N optimizer steps as a plain HF directory in ``--kept`` (``step_NNNNNN``); 0 = none."""
+    prompt: PromptName = "r1_zero"
+    """Prompt template of the SFT pairs (filter_cots writes them), of SFT's validation and of the final evaluation
+    of the sft and base models: one in r1_zero's answer form (``r1_zero``, or ``r1_zero_chat`` for an instruct
+    model's chat template), the form of the reference responses."""
 
     def __post_init__(self) -> None:
         self._validate_optimization("sft")
@@ -485,6 +493,11 @@ class SFTConfig(SFTOptimization):
             self.checkpoint_every >= 0, "sft.checkpoint_every", f"must be ≥ 0 (0 = off), got {self.checkpoint_every}"
         )
         _require(self.keep_every >= 0, "sft.keep_every", f"must be ≥ 0 (0 = off), got {self.keep_every}")
+        _require(
+            self.prompt in R1_ZERO_FORM,
+            "sft.prompt",
+            f"the SFT responses take r1_zero's answer form; choose one of {list(R1_ZERO_FORM)}, got {self.prompt!r}",
+        )
         _require(self.num_examples is None or self.num_examples >= 1, "sft.num_examples", "must be ≥ 1 or null")
         _require(self.epochs >= 1, "sft.epochs", "must be ≥ 1")
         _require(self.max_steps is None or self.max_steps >= 1, "sft.max_steps", "must be ≥ 1 or null")
@@ -512,6 +525,8 @@ class EIConfig(SFTOptimization):
     max_tokens: int = 1024
     eval_examples: int = 500
     """Validation questions evaluated after each round."""
+    prompt: PromptName = "r1_zero"
+    """Prompt template of the rollouts (graded by its reward function), the validation and the final evaluation."""
 
     def __post_init__(self) -> None:
         self._validate_optimization("ei")
@@ -595,7 +610,8 @@ class GRPOConfig(LoRAOptions):
     """AdamW betas."""
     weight_decay: float = 0.0
     prompt: PromptName = "r1_zero"
-    """Prompt template; each has its own reward function."""
+    """Prompt template; each has its own reward function. A chat prompt (``r1_zero_chat``) renders through the
+    tokenizer's chat template."""
     init_model: Literal["base", "sft", "ei"] = "base"
     """Model GRPO starts from."""
     old_log_probs_from: Literal["policy", "engine"] = "policy"

@@ -2,7 +2,7 @@
 
 GSM8K solutions carry calculator annotations, ``48/2 = <<48/2=24>>24``. The response keeps the reasoning without
 them, in the r1_zero format: ``<reasoning> </think> <answer> N </answer>``. A pair is kept for ``filtered`` when
-that response earns reward 1 from r1_zero's reward (params' ``rewards.r1_zero``) and every annotation is
+that response earns reward 1 from the SFT prompt's reward (params' ``rewards.<sft.prompt>``) and every annotation is
 arithmetically right. An example without reasoning (a user's data with ``answer_format: number``) gives an
 answer-only pair: kept in ``full``, dropped from ``filtered`` as ``no_reasoning``, since there is no chain of thought
 to verify.
@@ -15,10 +15,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import Prompt, load_prompt
 from reasonrl.rewards import RewardFn, prompt_reward
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
 _TOKEN = re.compile(r"\s*(\d+\.?\d*|\.\d+|\*\*|//|[-+*/x^()])")
@@ -145,7 +149,9 @@ def check_annotation(annotation: str) -> str | None:
     return None if rounded or truncated else "annotation_wrong"
 
 
-def make_sft_pair(example: GSM8KExample, template: str, reward_fn: RewardFn) -> SFTPair:
+def make_sft_pair(
+    example: GSM8KExample, prompt: Prompt, tokenizer: PreTrainedTokenizerBase, reward_fn: RewardFn
+) -> SFTPair:
     response = reference_response(example)
     drop_reason = None
     for annotation in _ANNOTATION.findall(example.reasoning):
@@ -156,11 +162,17 @@ def make_sft_pair(example: GSM8KExample, template: str, reward_fn: RewardFn) -> 
         drop_reason = "reward"
     if not example.reasoning.strip():
         drop_reason = "no_reasoning"
-    return SFTPair(prompt=format_prompt(template, example.question), response=response, drop_reason=drop_reason)
+    return SFTPair(prompt=prompt.render(example.question, tokenizer), response=response, drop_reason=drop_reason)
 
 
-def make_sft_pairs(examples: list[GSM8KExample], rewards: Mapping[str, str] | None = None) -> list[SFTPair]:
-    """One pair per example, in order, each marked with why it would be dropped (if it would); ``rewards``' r1_zero
-    entry grades the responses (None: the built-in)."""
-    template, reward_fn = load_prompt("r1_zero"), prompt_reward("r1_zero", rewards)
-    return [make_sft_pair(example, template, reward_fn) for example in examples]
+def make_sft_pairs(
+    examples: list[GSM8KExample],
+    prompt_name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: Mapping[str, str] | None = None,
+) -> list[SFTPair]:
+    """One pair per example, in order, its prompt ``prompt_name`` (one in r1_zero's answer form, ``sft.prompt``)
+    rendered for ``tokenizer``, each marked with why it would be dropped (if it would); ``rewards[prompt_name]``
+    grades the responses (None: the prompt's built-in)."""
+    prompt, reward_fn = load_prompt(prompt_name), prompt_reward(prompt_name, rewards)
+    return [make_sft_pair(example, prompt, tokenizer, reward_fn) for example in examples]

@@ -30,6 +30,7 @@ MATH_VERIFY_TIMEOUT_SECONDS = 1
 GRADED_TEXT: dict[str, Callable[[str], str | None]] = {
     "r1_zero": extract_answer_block,
     "question_only": extract_final_answer,
+    "r1_zero_chat": extract_answer_block,
 }
 """Each prompt's answer text as its reward function extracts it (``None``: nothing to grade)."""
 

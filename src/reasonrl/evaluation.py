@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import ANSWER_FNS, format_prompt, load_prompt
+from reasonrl.prompts import ANSWER_FNS, load_prompt
 from reasonrl.rewards import prompt_reward
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
@@ -143,10 +143,11 @@ def evaluate(
     makes the sampling repeatable (None: the engine's running stream). ``progress`` labels a progress bar over the
     answers; None (validation inside a training loop, which has its own bar) shows none. The answer a majority vote
     counts is the prompt's built-in reading of the response, whichever function grades it."""
-    template, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
+    prompt, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
     reward_fn = prompt_reward(prompt_name, rewards)
     examples = examples[: config.num_examples]
-    prompts = [format_prompt(template, example.question) for example in examples]
+    tokenizer = engine.tokenizer()
+    prompts = [prompt.render(example.question, tokenizer) for example in examples]
     outputs = engine.generate(
         prompts,
         n=config.samples_per_question,

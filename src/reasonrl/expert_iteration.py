@@ -17,7 +17,7 @@ from reasonrl.checkpoints import resume as resume_from
 from reasonrl.code_deps import SOURCE, STAGES, code_digest
 from reasonrl.data import examples_digest
 from reasonrl.models import model_digest
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import RewardFn, load_prompt
 from reasonrl.rewards import prompt_reward, reward_identity
 from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
 
@@ -31,14 +31,9 @@ if TYPE_CHECKING:
 
 
 def correct_pairs(
-    questions: list[GSM8KExample],
-    prompts: list[str],
-    samples: list[list[Sample]],
-    rewards: Mapping[str, str] | None = None,
+    questions: list[GSM8KExample], prompts: list[str], samples: list[list[Sample]], reward_fn: RewardFn
 ) -> tuple[list[Pair], int]:
-    """The rollouts that earn reward 1 from ``rewards``' r1_zero entry (None: the built-in), as SFT pairs, and how
-    many questions have at least one."""
-    reward_fn = prompt_reward("r1_zero", rewards)
+    """The rollouts that earn reward 1 from ``reward_fn``, as SFT pairs, and how many questions have at least one."""
     kept: list[Pair] = []
     solved = 0
     for example, prompt, group in zip(questions, prompts, samples, strict=True):
@@ -86,7 +81,7 @@ def ei_fingerprint(
         "train": examples_digest(train),
         "val": examples_digest(val),
         "code": code_digest(stage, source),
-        "reward": reward_identity("r1_zero", rewards, source.parent),
+        "reward": reward_identity(config.prompt, rewards, source.parent),
     }
     return run_fingerprint(identity, training_device)
 
@@ -118,15 +113,15 @@ def run_expert_iteration(
     rewards: Mapping[str, str] | None = None,
 ) -> BestCheckpoint:
     """``config.n_steps`` rounds; a round with no correct rollout is logged (``ei/skipped_rounds``) and makes no
-    update. Validation after every round; returns the best round's weights. ``rewards``' r1_zero entry grades both
-    the rollouts and the validation (None: the built-in).
+    update. Validation after every round; returns the best round's weights. ``rewards[config.prompt]`` grades both the
+    rollouts and the validation (None: the prompt's built-in).
 
     A resumable checkpoint (the weights, the best round's, the curves) goes to ``checkpoint_dir`` after every round
     but the last; a rerun continues from the newest one made from the same inputs (:func:`ei_fingerprint`). Every
     draw is a function of the seed and the round (questions, samples, data order, validation), so a round cut short
     by a crash is replayed as it would have run. The checkpoints stay after a completed run: call
     :func:`reasonrl.checkpoints.remove_checkpoints` once the outputs are saved."""
-    template = load_prompt("r1_zero")
+    prompt, reward_fn = load_prompt(config.prompt), prompt_reward(config.prompt, rewards)
     question_rng = random.Random(config.seed)
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
@@ -154,7 +149,7 @@ def run_expert_iteration(
             live.step = round_index
             # Sample G answers per question from the current policy, loaded into the engine for this phase.
             questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
-            prompts = [format_prompt(template, example.question) for example in questions]
+            prompts = [prompt.render(example.question, tokenizer) for example in questions]
             with engine.serving(policy):
                 samples = engine.generate(
                     prompts,
@@ -165,7 +160,7 @@ def run_expert_iteration(
                     stop=eval_config.stop,
                     seed=config.seed * 1_000_003 + round_index,
                 )
-            kept, solved = correct_pairs(questions, prompts, samples, rewards)
+            kept, solved = correct_pairs(questions, prompts, samples, reward_fn)
             lengths = [sample.length for group in samples for sample in group]
             live.log_metric("rollout/questions_with_correct", solved)
             live.log_metric("rollout/kept_pairs", len(kept))
@@ -185,7 +180,7 @@ def run_expert_iteration(
 
             # Validate the round's weights.
             val_metrics = validate(
-                engine, policy, val, eval_config, config.eval_examples, seed=config.seed, rewards=rewards
+                engine, policy, val, eval_config, config.eval_examples, config.prompt, seed=config.seed, rewards=rewards
             ).metrics
             log_validation(live, val_metrics)
             best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])

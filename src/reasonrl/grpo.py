@@ -51,7 +51,7 @@ from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
 from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
 from reasonrl.models import compute_precision, model_digest
-from reasonrl.prompts import format_prompt, load_prompt
+from reasonrl.prompts import load_prompt
 from reasonrl.rewards import prompt_reward, reward_identity
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
@@ -121,8 +121,8 @@ def sample_rollouts(
     engine: RolloutEngine, questions: list[GSM8KExample], config: GRPOConfig, stop: list[str], seed: int
 ) -> tuple[list[str], list[Sample]]:
     """The prompts, and ``group_size`` samples per question, flattened group after group."""
-    template = load_prompt(config.prompt)
-    prompts = [format_prompt(template, example.question) for example in questions]
+    prompt, tokenizer = load_prompt(config.prompt), engine.tokenizer()
+    prompts = [prompt.render(example.question, tokenizer) for example in questions]
     groups = engine.generate(
         prompts,
         n=config.group_size,

@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -60,6 +60,9 @@ from tqdm import tqdm
 from reasonrl.config import ConfigError, EngineConfig, is_int
 from reasonrl.lora import merged_weights
 from reasonrl.memory import check_gpus
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
 # too, and an in-place reload needs them in place.
@@ -276,6 +279,10 @@ class RolloutEngine:
             raise ValueError("tensor_parallel_size > 1 needs ranks launched by torchrun (python -m reasonrl.launch)")
         return {}
 
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer the engine reads its text prompts with: chat prompts render through its chat template."""
+        return self._llm.get_tokenizer()
+
     def policy_device(self) -> torch.device:
         """Where the training policy should live for this layout (and rank)."""
         return self._policy_device
@@ -285,7 +292,7 @@ class RolloutEngine:
     def _check_room(self, prompts: list[str], max_tokens: list[int]) -> None:
         """Every prompt and its longest answer must fit ``max_model_len``: vLLM refuses a prompt that fills it and
         silently cuts an answer that reaches it, which would quietly shorten what ``max_tokens`` promised."""
-        tokenizer = self._llm.get_tokenizer()
+        tokenizer = self.tokenizer()
         for index, (prompt, answer_tokens) in enumerate(zip(prompts, max_tokens, strict=True)):
             prompt_tokens = len(tokenizer.encode(prompt))  # as vLLM tokenizes a text prompt, special tokens included
             if prompt_tokens + answer_tokens > self.config.max_model_len:

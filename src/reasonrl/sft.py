@@ -37,6 +37,7 @@ from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainabl
 from reasonrl.losses import sft_microbatch_train_step
 from reasonrl.memory import check_gpu_memory
 from reasonrl.models import MODEL_CARD, compute_precision, model_digest, policy_dtype
+from reasonrl.prompts import check_prompt
 from reasonrl.rewards import reward_identity
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.tokenization import tokenize_prompt_and_output
@@ -44,7 +45,7 @@ from reasonrl.tokenization import tokenize_prompt_and_output
 if TYPE_CHECKING:
     from dvclive import Live
 
-    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, Precision, SFTConfig, SFTOptimization
+    from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, Precision, SFTConfig, SFTOptimization
     from reasonrl.data import GSM8KExample
     from reasonrl.lora import LoRASettings
     from reasonrl.rollout import RolloutEngine
@@ -93,18 +94,19 @@ def prepare_for_training(
 
 def start_training(
     model_dir: str | Path,
-    config: SFTOptimization | GRPOConfig,
+    config: SFTConfig | EIConfig | GRPOConfig,
     section: str,
     rollout: EngineConfig,
     ranks: Ranks = SINGLE,
     policy_shards: int = 1,
 ) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
-    ``model_dir`` before any model loads (LoRA's target modules, the GPU memory plan of one of ``policy_shards``
-    FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun) and the policy on the device the
-    layout gives it."""
+    ``model_dir`` before any model loads (its prompt against the tokenizer, LoRA's target modules, the GPU memory
+    plan of one of ``policy_shards`` FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun)
+    and the policy on the device the layout gives it."""
     from reasonrl.rollout import RolloutEngine  # here, not at the top: training alone (the GPU bench) needs no vLLM
 
+    check_prompt(config.prompt, f"{section}.prompt", AutoTokenizer.from_pretrained(model_dir), model_dir)
     check_lora_targets(model_dir, config, section)
     plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
@@ -269,7 +271,7 @@ def validate(
     val: list[GSM8KExample],
     eval_config: EvalConfig,
     num_examples: int,
-    prompt_name: str = "r1_zero",
+    prompt_name: str,
     seed: int | None = None,
     ranks: Ranks = SINGLE,
     rewards: Mapping[str, str] | None = None,
@@ -345,7 +347,7 @@ def sft_fingerprint(
         "pairs": pairs_digest(pairs),
         "val": examples_digest(val),
         "code": code_digest(stage, source),
-        "reward": reward_identity("r1_zero", rewards, source.parent),
+        "reward": reward_identity(config.prompt, rewards, source.parent),
     }
     return run_fingerprint(identity, training_device)
 
@@ -439,7 +441,14 @@ def run_sft(
             if step % config.eval_every == 0 or step == total:
                 # One seed for every evaluation: a resumed run's draws are the uninterrupted run's.
                 val_metrics = validate(
-                    engine, policy, val, eval_config, config.eval_examples, seed=config.seed, rewards=rewards
+                    engine,
+                    policy,
+                    val,
+                    eval_config,
+                    config.eval_examples,
+                    config.prompt,
+                    seed=config.seed,
+                    rewards=rewards,
                 ).metrics
                 log_validation(live, val_metrics)
                 best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])

@@ -16,12 +16,23 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from reasonrl.config import TinyModelSpec
 
 EOS_TOKEN = "<|endoftext|>"
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+"""ChatML's turn delimiters, special tokens as in Qwen2.5's tokenizer."""
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML as Qwen2.5's instruct models write it (``<|im_start|>role\\n…<|im_end|>\\n``), without their default system
+turn and tool calls: chat prompts (``reasonrl.prompts``) render through it on the tiny model."""
 # Whole tokens for the r1_zero tags: one id each is easier for a tiny model to learn than several merges.
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on ``texts``, digits one per token, ``<|endoftext|>`` as EOS and padding."""
+    """Byte-level BPE trained on ``texts``, digits one per token, ``<|endoftext|>`` as EOS and padding, and the
+    ChatML chat template (:data:`CHAT_TEMPLATE`)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -29,12 +40,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, *CHAT_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        additional_special_tokens=list(CHAT_TOKENS),
+        chat_template=CHAT_TEMPLATE,
+    )
     wrapped.add_tokens(list(TAG_TOKENS))
     return wrapped
 

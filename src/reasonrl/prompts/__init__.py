@@ -1,37 +1,137 @@
-"""The prompt templates shipped with the package (``<name>.prompt``, with a ``{question}`` placeholder), each with
-the reward function that grades answers to it: the one registry of prompt names that params, evaluation and
-training read."""
+"""The prompt templates shipped with the package (``<name>.prompt``), each with the reward function that grades
+answers to it: the one registry of prompt names that params, evaluation and training read.
+
+A template is plain text with a ``{question}`` placeholder, or a chat prompt: turns under ``[system]``, ``[user]``
+and ``[assistant]`` header lines, rendered through the tokenizer's chat template (an instruct model's), e.g.::
+
+    [system]
+    Solve the problem. Think in <think> </think>, answer in <answer> </answer>.
+    [user]
+    {question}
+    [assistant]
+    <think>
+
+``{question}`` stands once, in the last user turn. A final ``[assistant]`` turn is the fixed start of every answer,
+written after the template's generation prompt; earlier user/assistant turns (worked examples) go to the template
+as they are. A turn's text is its lines, blank lines around it dropped.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from reasonrl.errors import UserError
 from reasonrl.grading import question_only_answer, question_only_reward_fn, r1_zero_answer, r1_zero_reward_fn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 RewardFn = Callable[[str, str], dict[str, float]]
 
 REWARD_FNS: dict[str, RewardFn] = {
     "r1_zero": r1_zero_reward_fn,
     "question_only": question_only_reward_fn,
+    "r1_zero_chat": r1_zero_reward_fn,
 }
-"""Each prompt's reward function: ``r1_zero`` wants ``</think> <answer> N </answer>``, ``question_only`` a final
-number (the last ``\\boxed{}``, else the last number)."""
+"""Each prompt's reward function: ``r1_zero`` and ``r1_zero_chat`` (its instructions as an instruct model's system
+turn) want ``</think> <answer> N </answer>``, ``question_only`` a final number (the last ``\\boxed{}``, else the
+last number)."""
 PROMPT_NAMES: tuple[str, ...] = tuple(REWARD_FNS)
 ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
     "r1_zero": r1_zero_answer,
     "question_only": question_only_answer,
+    "r1_zero_chat": r1_zero_answer,
 }
 """Each prompt's answer as a canonical number string (the reward function's reading of it), for majority votes."""
+ROLES = ("system", "user", "assistant")
+_HEADER = re.compile(r"\[(\w+)\]")
+PLACEHOLDER = "{question}"
 
 
-def load_prompt(name: str) -> str:
-    """The template text of prompt ``name`` (one of :data:`PROMPT_NAMES`)."""
+class PromptError(UserError, ValueError):
+    """A prompt template cannot be used as written, or not with the model's tokenizer; the message says where."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A parsed template: plain ``text``, or chat ``turns`` (role, text) and the ``assistant_prefix`` that starts
+    every answer."""
+
+    name: str
+    text: str
+    turns: tuple[tuple[str, str], ...] = ()
+    assistant_prefix: str = ""
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(self.turns)
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """The chat turns with the question in place, as ``apply_chat_template`` takes them."""
+        return [{"role": role, "content": text.replace(PLACEHOLDER, question)} for role, text in self.turns]
+
+    def render(self, question: str, tokenizer: PreTrainedTokenizerBase) -> str:
+        """The text the model is given for ``question``: the template filled in (other braces in the question kept
+        literally) or, for a chat prompt, ``tokenizer``'s chat template over the turns, its generation prompt and
+        the assistant prefix."""
+        if not self.is_chat:
+            return self.text.replace(PLACEHOLDER, question)
+        rendered = tokenizer.apply_chat_template(self.messages(question), tokenize=False, add_generation_prompt=True)
+        return rendered + self.assistant_prefix
+
+
+def parse_prompt(name: str, text: str, source: str) -> Prompt:
+    """Parse a template; a chat prompt is one whose first line is a turn header. Errors name ``source``:line."""
+    lines = text.splitlines()
+    if not lines or not _HEADER.fullmatch(lines[0]):
+        return Prompt(name, text)
+    turns: list[tuple[str, int, list[str]]] = []  # role, header line number, text lines
+    for number, line in enumerate(lines, start=1):
+        header = _HEADER.fullmatch(line)
+        if header is None:
+            turns[-1][2].append(line)
+            continue
+        if header.group(1) not in ROLES:
+            raise PromptError(
+                f"{source}:{number}: unknown turn {line}; a chat prompt's turns are [system], [user] and [assistant]"
+            )
+        turns.append((header.group(1), number, []))
+    parsed = [(role, number, "\n".join(body).strip("\n")) for role, number, body in turns]
+    for role, number, body in parsed:
+        if not body:
+            raise PromptError(f"{source}:{number}: the [{role}] turn is empty")
+    users = [index for index, (role, _, _) in enumerate(parsed) if role == "user"]
+    if not users:
+        raise PromptError(f"{source}: a chat prompt needs a [user] turn holding {PLACEHOLDER}")
+    for index, (_, number, body) in enumerate(parsed):
+        expected = 1 if index == users[-1] else 0
+        if body.count(PLACEHOLDER) != expected:
+            where = "once, in the last [user] turn" if expected else "only in the last [user] turn"
+            raise PromptError(f"{source}:{number}: {PLACEHOLDER} must stand {where}")
+    prefix = parsed.pop()[2] if parsed[-1][0] == "assistant" else ""
+    return Prompt(name, text, tuple((role, body) for role, _, body in parsed), prefix)
+
+
+def load_prompt(name: str) -> Prompt:
+    """Prompt ``name`` (one of :data:`PROMPT_NAMES`), parsed."""
     if name not in PROMPT_NAMES:
         raise ValueError(f"unknown prompt {name!r}; choose one of {', '.join(PROMPT_NAMES)}")
-    return resources.files(__package__).joinpath(f"{name}.prompt").read_text(encoding="utf-8")
+    file = resources.files(__package__).joinpath(f"{name}.prompt")
+    return parse_prompt(name, file.read_text(encoding="utf-8"), str(file))
 
 
-def format_prompt(template: str, question: str) -> str:
-    """Fill the template's ``{question}``; other braces in the question are kept literally."""
-    return template.replace("{question}", question)
+def check_prompt(name: str, param: str, tokenizer: PreTrainedTokenizerBase, model: str | Path) -> None:
+    """Refuse a chat prompt for a tokenizer without a chat template, at a stage's start, naming the param and the
+    model (``apply_chat_template`` would stop the first generation, after the models have loaded)."""
+    if load_prompt(name).is_chat and not tokenizer.chat_template:
+        plain = [other for other in PROMPT_NAMES if not load_prompt(other).is_chat]
+        raise PromptError(
+            f"{param}: {name} is a chat prompt, rendered through the tokenizer's chat template, but the tokenizer of "
+            f"{model} has none; choose a plain prompt ({', '.join(plain)}) or an instruct model, whose tokenizer "
+            f"carries one"
+        )

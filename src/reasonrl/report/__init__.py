@@ -66,7 +66,8 @@ def _run_section(report: Report, flat: Mapping[str, Any]) -> None:
     report.blocks.append(
         Paragraph(
             f"Model `{flat.get('model.name')}` on {task} (`data.name: {data}`). Every route is evaluated on the same "
-            f"test split with the r1_zero prompt and the same sampling: temperature {flat.get('eval.temperature')}, "
+            f"test split with the prompt it trained with and the same sampling: temperature "
+            f"{flat.get('eval.temperature')}, "
             f"top-p {flat.get('eval.top_p')}, at most {flat.get('eval.max_tokens')} new tokens, stop at "
             f"{flat.get('eval.stop')}."
         )
