@@ -427,7 +427,14 @@ def test_the_evaluation_stages_stop_split_on_one_gpu_with_one_line(
     outputs = ["--metrics", str(tmp_path / "metrics.json"), "--generations", str(tmp_path / "generations")]
     models = {
         "baseline": ["--model", str(tiny_model_dir)],
-        "final_eval": ["--model", f"base={tiny_model_dir}", "--crosscheck", str(tmp_path / "crosscheck.json")],
+        "final_eval": [
+            "--model",
+            f"base={tiny_model_dir}",
+            "--crosscheck",
+            str(tmp_path / "crosscheck.json"),
+            "--test-sets",
+            str(tmp_path / "test_sets"),
+        ],  # fmt: skip
     }
     script = REPO / "stages" / f"{stage}.py"
     argv = [str(script), "--params", str(params_file), "--data", str(data), *models[stage], *outputs]
