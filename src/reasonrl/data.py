@@ -51,15 +51,21 @@ def examples_digest(examples: list[GSM8KExample]) -> str:
     return hashlib.sha256(json.dumps([e.to_dict() for e in examples], ensure_ascii=False).encode()).hexdigest()
 
 
-def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> GSM8KExample:
-    """Parse one jsonl line; any defect raises :class:`DataFormatError` naming ``source:line_number``."""
-    where = f"{source}:{line_number}"
+def json_object(line: str, where: str) -> dict:
+    """One jsonl line as a JSON object; anything else raises :class:`DataFormatError` naming ``where``."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(record, dict):
         raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> GSM8KExample:
+    """Parse one jsonl line; any defect raises :class:`DataFormatError` naming ``source:line_number``."""
+    where = f"{source}:{line_number}"
+    record = json_object(line, where)
     for key in ("question", "answer"):
         if key not in record:
             raise DataFormatError(f"{where}: missing key '{key}'")
@@ -227,12 +233,7 @@ def convert_record(line: str, fields: JsonlFields, source: str, line_number: int
     """One line of a user's jsonl file as a GSM8K jsonl line; any defect raises :class:`DataFormatError` naming
     ``source:line_number``."""
     where = f"{source}:{line_number}"
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
-    if not isinstance(record, dict):
-        raise DataFormatError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, where)
     for key in (fields.question_field, fields.answer_field):
         if key not in record:
             raise DataFormatError(f"{where}: missing key '{key}'")
