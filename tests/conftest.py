@@ -20,7 +20,7 @@ TOKENIZER_TEXTS = [
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    return train_tokenizer(TOKENIZER_TEXTS, vocab_size=300)
+    return train_tokenizer(TOKENIZER_TEXTS, vocab_size=300, chat=True)
 
 
 @pytest.fixture(scope="session")

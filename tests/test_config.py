@@ -71,7 +71,7 @@ def test_repository_params_are_valid_full_scale(params_file):
             {"model": {"name": "tiny"}, "rollout": {"max_model_len": 4096}},
             r"rollout.max_model_len: \(4096\) must be ≤ model.tiny.max_position_embeddings \(2048\)",
         ),
-        ({"model": {"tiny": {"vocab_size": 1}}}, "model.tiny.vocab_size: must be ≥ 259"),
+        ({"model": {"tiny": {"vocab_size": 1}}}, "model.tiny.vocab_size: must be ≥ 257"),
         ({"model": {"tiny": {"num_layers": 0}}}, "model.tiny.num_layers: must be ≥ 1, got 0"),
         ({"model": {"tiny": {"num_heads": 0}}}, "model.tiny.num_heads: must be ≥ 1, got 0"),
         # Issue 23: learning-rate schedules.

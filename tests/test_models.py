@@ -6,9 +6,9 @@ import shutil
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl.config import TINY_MIN_VOCAB, TinyModelSpec
+from reasonrl.config import TINY_MIN_VOCAB, TinyModelSpec, load_params
 from reasonrl.data import GSM8KExample
-from reasonrl.models import ModelSourceError, prepare_base_model
+from reasonrl.models import ModelSourceError, prepare_base_model, tokenizer_corpus
 from reasonrl.tiny_model import TAG_TOKENS, train_tokenizer
 
 EXAMPLES = [GSM8KExample("Tom has 3 cards and gets 4 more. How many?", "3 + 4 = 7", "7")] * 20
@@ -25,6 +25,20 @@ def test_tiny_model_is_built_saved_and_loadable(tmp_path):
     assert model.config.vocab_size == len(tokenizer)
     assert tokenizer.decode(tokenizer("Tom has 34 cards.")["input_ids"]) == "Tom has 34 cards."
     assert tokenizer.tokenize("34") == ["3", "4"]  # digits one per token
+
+
+def test_the_tiny_tokenizer_carries_chatml_only_for_a_run_with_a_chat_prompt(tmp_path, params_file):
+    """The chat tokens shift every id and so the initial weights: a run without a chat prompt gets the tokenizer
+    and model it had before chat prompts existed; one with a chat prompt gets ChatML's tokens and template."""
+    prepare_base_model("tiny", TinyModelSpec(vocab_size=300), 0, EXAMPLES, tmp_path / "plain")
+    prepare_base_model("tiny", TinyModelSpec(vocab_size=300), 0, EXAMPLES, tmp_path / "chat", chat=True)
+    plain, chat = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("plain", "chat"))
+    assert plain.chat_template is None and "<|im_start|>" not in plain.get_vocab()
+    assert plain.get_vocab() == train_tokenizer(tokenizer_corpus(EXAMPLES), 300).get_vocab()
+    assert chat.chat_template and chat.tokenize("<|im_start|>user")[0] == "<|im_start|>"
+    assert load_params(params_file).prompt_names == {"r1_zero", "question_only"}
+    params_file.write_text(params_file.read_text().replace("  prompt: r1_zero ", "  prompt: r1_zero_chat ", 1))
+    assert "r1_zero_chat" in load_params(params_file).prompt_names
 
 
 def test_same_seed_same_weights(tmp_path):

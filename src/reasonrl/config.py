@@ -42,9 +42,10 @@ on the same GPU; 0.3 leaves them room on an 80 GB card and still gives the engin
 Qwen2.5-1.5B)."""
 DTYPES = ("float32", "bfloat16", "float16")
 Precision = Literal["mixed", "bf16"]
-TINY_MIN_VOCAB = 256 + 3
+TINY_MIN_VOCAB = 256 + 1
 """The smallest vocabulary of the tiny model's tokenizer (``reasonrl.tiny_model.train_tokenizer``): its byte-level
-alphabet, ``<|endoftext|>`` and ChatML's two turn delimiters, which a smaller ``vocab_size`` gets anyway."""
+alphabet and ``<|endoftext|>``, which a smaller ``vocab_size`` gets anyway (a run with a chat prompt adds ChatML's
+two turn delimiters)."""
 R1_ZERO_FORM = tuple(name for name in PROMPT_NAMES if REWARD_FNS[name] is REWARD_FNS["r1_zero"])
 """Prompts whose answers take r1_zero's ``<think> … </think> <answer> … </answer>`` form, as SFT's reference
 responses do."""
@@ -199,8 +200,8 @@ class TinyModelSpec:
         _require(
             self.vocab_size >= TINY_MIN_VOCAB,
             "model.tiny.vocab_size",
-            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens, <|endoftext|>, <|im_start|> and <|im_end|>, "
-            f"which the tokenizer holds whatever its size), got {self.vocab_size}",
+            f"must be ≥ {TINY_MIN_VOCAB} (the 256 byte-level base tokens and <|endoftext|>, which the tokenizer holds "
+            f"whatever its size), got {self.vocab_size}",
         )
         for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"):
             _require(getattr(self, name) >= 1, f"model.tiny.{name}", f"must be ≥ 1, got {getattr(self, name)}")
@@ -823,6 +824,11 @@ class Params:
     def __post_init__(self) -> None:
         _check_distributed(self)
         _check_context_length(self)
+
+    @property
+    def prompt_names(self) -> set[str]:
+        """The prompts the run's stages render: the baseline's, and those SFT, EI and GRPO train and are graded with."""
+        return {*self.baseline.prompts, self.sft.prompt, self.ei.prompt, self.grpo.prompt}
 
 
 def _convert(value: Any, annotation: Any, name: str) -> Any:

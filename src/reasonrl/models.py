@@ -131,18 +131,22 @@ def template_text(prompt: Prompt) -> str:
     return rendered + prompt.assistant_prefix
 
 
-def tokenizer_corpus(examples: list[GSM8KExample]) -> list[str]:
+def tokenizer_corpus(examples: list[GSM8KExample], chat: bool = False) -> list[str]:
     """Text a tiny tokenizer learns from: the prompts and the worked solutions it will see. Without the templates'
     words an r1_zero prompt is about 3x the tokens (367 vs 117 on the CPU preset's data), hence prepare_model
     depends on the template files."""
-    templates = [template_text(load_prompt(name)) for name in PROMPT_NAMES]
+    prompts = [load_prompt(name) for name in PROMPT_NAMES]
+    templates = [template_text(prompt) for prompt in prompts if chat or not prompt.is_chat]
     return templates + [f"{example.question}\n{example.reasoning}\n{example.answer}" for example in examples]
 
 
-def prepare_base_model(name: str, tiny_spec: TinyModelSpec, seed: int, train: list[GSM8KExample], out_dir: Path) -> str:
-    """Materialise the base model in ``out_dir`` (atomically); returns a one-line description of the source."""
+def prepare_base_model(
+    name: str, tiny_spec: TinyModelSpec, seed: int, train: list[GSM8KExample], out_dir: Path, chat: bool = False
+) -> str:
+    """Materialise the base model in ``out_dir`` (atomically); returns a one-line description of the source. The
+    tiny model's tokenizer carries the ChatML chat template when ``chat`` (a stage of the run uses a chat prompt)."""
     if name == TINY:
-        tokenizer = train_tokenizer(tokenizer_corpus(train), tiny_spec.vocab_size)
+        tokenizer = train_tokenizer(tokenizer_corpus(train, chat), tiny_spec.vocab_size, chat)
         model = build_tiny_model(tokenizer, tiny_spec, seed)
         with atomic_directory(out_dir) as staging:
             model.save_pretrained(staging)

@@ -30,9 +30,12 @@ turn and tool calls: chat prompts (``reasonrl.prompts``) render through it on th
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on ``texts``, digits one per token, ``<|endoftext|>`` as EOS and padding, and the
-    ChatML chat template (:data:`CHAT_TEMPLATE`)."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, chat: bool = False) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on ``texts``, digits one per token, ``<|endoftext|>`` as EOS and padding; with ``chat``,
+    ChatML's turn delimiters as special tokens and the ChatML chat template (:data:`CHAT_TEMPLATE`). Without it the
+    vocabulary is what it was before chat prompts existed: the chat tokens shift every id, so the model's initial
+    weights change with them (and on the CPU preset SFT learned far less: 17.5% best validation accuracy against
+    48.5% without), hence a run gets them only when one of its prompts is a chat prompt."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -40,17 +43,14 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN, *CHAT_TOKENS],
+        special_tokens=[EOS_TOKEN, *(CHAT_TOKENS if chat else ())],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    chat_tokens = {"additional_special_tokens": list(CHAT_TOKENS), "chat_template": CHAT_TEMPLATE} if chat else {}
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        additional_special_tokens=list(CHAT_TOKENS),
-        chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, **chat_tokens
     )
     wrapped.add_tokens(list(TAG_TOKENS))
     return wrapped
