@@ -3,8 +3,8 @@
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
-from reasonrl.checkpoints import remove_checkpoints
+from reasonrl.atomic import atomic_write_json
+from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
@@ -31,8 +31,7 @@ def main() -> None:
     train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
     # One run at a time writes the checkpoints, the curves and the outputs.
-    with exclusive_lock(args.checkpoints):
-        remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+    with checkpoint_lock(args.checkpoints):
         engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
         best = run_expert_iteration(
             policy,

@@ -4,8 +4,8 @@ import contextlib
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
-from reasonrl.checkpoints import remove_checkpoints
+from reasonrl.atomic import atomic_write_json
+from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
@@ -36,9 +36,7 @@ def main() -> None:
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
     # One run at a time writes the checkpoints, the curves and the outputs: rank 0 holds the lock for the whole run
     # (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
-    with exclusive_lock(args.checkpoints) if ranks.is_main else contextlib.nullcontext():
-        if ranks.is_main:
-            remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+    with checkpoint_lock(args.checkpoints) if ranks.is_main else contextlib.nullcontext():
         shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
         engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
         commit = git_commit()

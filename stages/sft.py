@@ -4,8 +4,8 @@ Resumable."""
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json, exclusive_lock, remove_temporaries
-from reasonrl.checkpoints import remove_checkpoints
+from reasonrl.atomic import atomic_write_json
+from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
@@ -46,8 +46,7 @@ def main() -> None:
 
     commit = git_commit()
     # One run at a time writes the checkpoints, the kept policies, the curves and the outputs.
-    with exclusive_lock(args.checkpoints):
-        remove_temporaries(args.checkpoints)  # half-written checkpoints of killed runs (none live: the lock)
+    with checkpoint_lock(args.checkpoints):
         engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
 
         def keep(step: int, best: BestCheckpoint) -> None:

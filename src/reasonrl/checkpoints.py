@@ -15,7 +15,8 @@ import hashlib
 import json
 import pickle
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -23,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from tqdm import tqdm
 
-from reasonrl.atomic import atomic_directory, fsync_path, fsync_tree
+from reasonrl.atomic import atomic_directory, exclusive_lock, fsync_path, fsync_tree, remove_temporaries
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.errors import UserError
 
@@ -167,6 +168,15 @@ def resume(
             for checkpoint in passed:
                 shutil.rmtree(checkpoint)
     return state
+
+
+@contextmanager
+def checkpoint_lock(directory: str | Path) -> Iterator[None]:
+    """One run at a time on a stage's checkpoint ``directory`` (:func:`reasonrl.atomic.exclusive_lock`), which first
+    clears the half-written checkpoints of killed runs (none is live: the lock)."""
+    with exclusive_lock(directory):
+        remove_temporaries(directory)
+        yield
 
 
 def remove_checkpoints(directory: Path) -> None:
