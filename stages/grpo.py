@@ -10,6 +10,7 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
+from reasonrl.engine_process import RolloutProcess
 from reasonrl.grpo import run_grpo
 from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.model_card import git_commit, render_card
@@ -47,23 +48,27 @@ def main() -> None:
                 card = render_card(params, "grpo", f"the policy after step {step}", best, "step", data_files, commit)
                 save_policy(policy, tokenizer, Path(args.kept) / f"step_{step:06d}", weights, card)
 
-        best = run_grpo(
-            policy,
-            tokenizer,
-            engine,
-            train,
-            val,
-            config,
-            params.eval,
-            open_live=lambda resume: open_live(args.live, resume=resume),
-            live_dir=Path(args.live),
-            checkpoint_dir=Path(args.checkpoints),
-            init_model_dir=start,
-            distributed=params.distributed,
-            ranks=ranks,
-            rewards=params.rewards.specs,
-            keep=keep,
-        )
+        try:
+            best = run_grpo(
+                policy,
+                tokenizer,
+                engine,
+                train,
+                val,
+                config,
+                params.eval,
+                open_live=lambda resume: open_live(args.live, resume=resume),
+                live_dir=Path(args.live),
+                checkpoint_dir=Path(args.checkpoints),
+                init_model_dir=start,
+                distributed=params.distributed,
+                ranks=ranks,
+                rewards=params.rewards.specs,
+                keep=keep,
+            )
+        finally:
+            if isinstance(engine, RolloutProcess):  # grpo.max_staleness ≥ 1
+                engine.close()
         final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
         if not ranks.is_main:
             return

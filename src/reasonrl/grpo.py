@@ -49,10 +49,16 @@ from reasonrl.distributed import (
 from reasonrl.errors import UserError
 from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
-from reasonrl.losses import compute_group_normalized_rewards, grpo_microbatch_train_step, masked_mean
+from reasonrl.losses import (
+    compute_group_normalized_rewards,
+    grpo_microbatch_train_step,
+    masked_mean,
+    rollout_importance_weights,
+)
 from reasonrl.models import compute_precision, model_digest
 from reasonrl.prompts import load_prompt
 from reasonrl.rewards import prompt_reward, reward_identity
+from reasonrl.rollout import engine_weights
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
@@ -63,6 +69,8 @@ if TYPE_CHECKING:
 
     from reasonrl.config import DistributedConfig, EngineConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
+    from reasonrl.engine_process import RolloutProcess
+    from reasonrl.evaluation import EvalResult
     from reasonrl.rollout import RolloutEngine, Sample
 
 EXAMPLES_PER_EVAL = 4
@@ -117,6 +125,12 @@ class RolloutBatch:
     """Responses cut at ``max_tokens`` (neither EOS nor a stop string ended them)."""
 
 
+def wants_engine_log_probs(config: GRPOConfig) -> bool:
+    """Whether the engine returns the sampled tokens' log-probs (μ): as π_old (``old_log_probs_from: engine``), or
+    for the importance weight π_old / μ (``rollout_is_cap``)."""
+    return config.old_log_probs_from == "engine" or config.rollout_is_cap is not None
+
+
 def sample_rollouts(
     engine: RolloutEngine, questions: list[GSM8KExample], config: GRPOConfig, stop: list[str], seed: int
 ) -> tuple[list[str], list[Sample]]:
@@ -131,7 +145,7 @@ def sample_rollouts(
         max_tokens=config.max_tokens,
         stop=stop,
         seed=seed,
-        return_logprobs=config.old_log_probs_from == "engine",
+        return_logprobs=wants_engine_log_probs(config),
     )
     return prompts, [sample for group in groups for sample in group]
 
@@ -240,7 +254,7 @@ def score_rollouts(
     prompt_ids = [sample.prompt_token_ids for sample in samples]
     tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
     engine_log_probs = None
-    if config.old_log_probs_from == "engine":
+    if wants_engine_log_probs(config):
         engine_log_probs = torch.zeros(tensors["labels"].shape)  # [N, L]
         for row, (ids, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
             start = len(ids) - 1  # labels are shifted by one: response token t sits at label index len(prompt)-1+t
@@ -303,6 +317,129 @@ def sample_metrics(
     return {prefix + name: value for name, value in metrics.items()}
 
 
+# ---------------------------------------------------------------------------------------------------- rollout sources
+def step_seed(config: GRPOConfig, step: int) -> int:
+    """GRPO step ``step``'s seed: a pure function of (seed, step), so a resumed run replays every draw exactly."""
+    return config.seed * 1_000_003 + step
+
+
+@dataclass
+class StepRollouts:
+    """The rollouts GRPO step ``step`` trains on, and the policy version that sampled them: the weights after
+    ``version`` GRPO steps."""
+
+    step: int
+    version: int
+    drawn: DrawnRollouts
+    engine_seconds: float | None = None
+    """The engine's own time on them, when it ran beside the trainer."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> StepRollouts:
+        from reasonrl.data import GSM8KExample
+        from reasonrl.rollout import Sample
+
+        drawn = dict(saved["drawn"])
+        for name in ("questions", "sampled_questions"):
+            drawn[name] = [GSM8KExample(**question) for question in drawn[name]]
+        for name in ("samples", "sampled_samples"):
+            drawn[name] = [Sample(**sample) for sample in drawn[name]]
+        return cls(saved["step"], saved["version"], DrawnRollouts(**drawn), saved["engine_seconds"])
+
+
+class SynchronousRollouts:
+    """``max_staleness: 0``: each step's rollouts are sampled by the engine of this process, loaded with the policy
+    as it is, then trained on; the engine and the policy take turns."""
+
+    def __init__(self, engine, policy, train, val, config, eval_config, ranks=SINGLE, rewards=None) -> None:
+        self.engine, self.policy, self.train, self.val = engine, policy, train, val
+        self.config, self.eval_config, self.ranks, self.rewards = config, eval_config, ranks, rewards
+
+    def start(self, step: int, in_flight: list[StepRollouts]) -> None:
+        """Begin at GRPO step ``step`` (0, or a resumed run's), with the rollouts a checkpoint held in flight."""
+
+    def batch(self, step: int) -> StepRollouts:
+        with self.engine.serving(self.policy):
+            drawn = draw_rollouts(
+                self.engine, self.train, self.config, self.eval_config.stop, step_seed(self.config, step), self.ranks,
+                self.rewards,
+            )  # fmt: skip
+        return StepRollouts(step, step, drawn)
+
+    def validate(self) -> EvalResult:
+        """The policy as it is now, on ``eval_examples`` validation questions."""
+        return validate(
+            self.engine, self.policy, self.val, self.eval_config, self.config.eval_examples,
+            prompt_name=self.config.prompt, seed=self.config.seed, ranks=self.ranks, rewards=self.rewards,
+        )  # fmt: skip
+
+    def advance(self, step: int) -> None:
+        """The policy now holds the weights after ``step`` GRPO steps."""
+
+    def in_flight(self) -> list[StepRollouts]:
+        """Rollouts drawn for steps not yet trained on, for a checkpoint (waits for those being drawn)."""
+        return []
+
+
+class LaggedRollouts(SynchronousRollouts):
+    """``max_staleness: k`` ≥ 1: the engine's own process (:class:`reasonrl.engine_process.RolloutProcess`) samples
+    step s's rollouts with the weights after step max(0, s − k), exactly, while the policy trains the steps before
+    s. After each step the new weights stream to the engine and step s + k + 1 is requested: the engine works k
+    steps ahead, in request order, so what it samples never depends on timing. Validation is requested after the
+    newest weights: it sees the policy of the step it reports."""
+
+    def start(self, step: int, in_flight: list[StepRollouts]) -> None:
+        from reasonrl.engine_process import Setup, WeightLayout
+
+        self.lag, self.pending = self.config.max_staleness, {rollouts.step: rollouts for rollouts in in_flight}
+        self.requested, self.awaited = max(self.pending, default=step - 1), set()
+        self.layout = WeightLayout.of(engine_weights(self.policy, self.engine.config.dtype), self.engine.config.dtype)
+        self.engine.setup(Setup(self.train, self.val, self.config, self.eval_config, self.rewards))
+        self.advance(step)
+
+    def advance(self, step: int) -> None:
+        from reasonrl.engine_process import Draw
+
+        self.engine.load_weights(engine_weights(self.policy, self.layout.dtype), self.layout, step)
+        for later in range(self.requested + 1, min(step + self.lag, self.config.n_grpo_steps - 1) + 1):
+            self.engine.request(Draw(later, step_seed(self.config, later)))
+            self.requested = later
+            self.awaited.add(later)
+
+    def _next_reply(self):
+        from reasonrl.engine_process import Drawn
+
+        reply = self.engine.reply()
+        if isinstance(reply, Drawn):
+            self.awaited.remove(reply.step)
+            self.pending[reply.step] = StepRollouts(reply.step, reply.version, reply.rollouts, reply.seconds)
+        return reply
+
+    def batch(self, step: int) -> StepRollouts:
+        while step not in self.pending:
+            self._next_reply()
+        rollouts = self.pending.pop(step)
+        if rollouts.version != max(0, step - self.lag):
+            raise RuntimeError(f"step {step} got rollouts of policy version {rollouts.version}, not step − {self.lag}")
+        return rollouts
+
+    def validate(self) -> EvalResult:
+        from reasonrl.engine_process import Validate, Validated
+
+        self.engine.request(Validate())
+        while not isinstance(reply := self._next_reply(), Validated):
+            pass
+        return reply.result
+
+    def in_flight(self) -> list[StepRollouts]:
+        while self.awaited:
+            self._next_reply()
+        return [self.pending[step] for step in sorted(self.pending)]
+
+
 # ---------------------------------------------------------------------------------------------------------- training
 def policy_log_probs(
     policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], precision: Precision, with_entropy: bool = False
@@ -353,6 +490,7 @@ def accumulate_gradients(
     config: GRPOConfig,
     ref_log_probs: torch.Tensor | None = None,
     ranks: Ranks = SINGLE,
+    importance_weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
     gradients are left in ``.grad``. Returns the step's loss, entropy, and (when they apply) clip fractions and KL.
@@ -363,6 +501,8 @@ def accumulate_gradients(
     under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
     normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
     tokens.
+
+    ``importance_weights`` (``[N, L]``, ``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
 
     Over several ranks, ``rows`` are this rank's share of the step: each microbatch is weighted by the step's rows
     on all ranks, so the gradients DDP or FSDP2 average in the last microbatch's backward (the only one that syncs)
@@ -396,7 +536,7 @@ def accumulate_gradients(
                 continue
             accumulation = weighted_rows / (ranks.world_size * len(part))
             step_loss, metadata, scored, mask = _microbatch_step(
-                policy, batch, part, old_log_probs, ref_log_probs, config, accumulation
+                policy, batch, part, old_log_probs, ref_log_probs, config, accumulation, importance_weights
             )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         loss += step_loss.item()
@@ -416,6 +556,7 @@ def _microbatch_step(
     ref_log_probs: torch.Tensor | None,
     config: GRPOConfig,
     gradient_accumulation_steps: float,
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
     device = next(policy.parameters()).device
@@ -436,6 +577,7 @@ def _microbatch_step(
         ref_log_probs=None if ref_log_probs is None else ref_log_probs[part].to(device),
         kl_coef=config.kl_coef,
         kl_estimator=config.kl_estimator,
+        importance_weights=None if importance_weights is None else importance_weights[part].to(device),
     )
     return step_loss, metadata, scored, mask
 
@@ -586,6 +728,8 @@ class TrainingState:
     best_accuracy: float = -1.0
     best_step: int | None = None
     best_interval: dict[str, Any] | None = None
+    in_flight: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """``max_staleness`` ≥ 1: the rollouts drawn for the steps after ``step`` (:meth:`StepRollouts.to_dict`)."""
 
 
 def save_checkpoint(
@@ -657,7 +801,7 @@ def step_progress(first: int, total: int, enabled: bool) -> tqdm:
 def run_grpo(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    engine: RolloutEngine,
+    engine: RolloutEngine | RolloutProcess,
     train: list[GSM8KExample],
     val: list[GSM8KExample],
     config: GRPOConfig,
@@ -679,7 +823,10 @@ def run_grpo(
     Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
     step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
     best weights. ``keep(step, best)``: called on every rank every ``keep_every`` steps (``grpo.keep_every``), to save
-    the policy."""
+    the policy.
+
+    ``engine``: the engine of this process (``max_staleness`` 0), or the engine's own process (≥ 1: see
+    :class:`LaggedRollouts`); the caller starts and stops it."""
     reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
@@ -693,21 +840,14 @@ def run_grpo(
     if reference is policy:
         reference = trainer
     train_rows_per_rank = config.train_batch_size // ranks.world_size
+    source = SynchronousRollouts if config.max_staleness == 0 else LaggedRollouts
+    rollouts = source(engine, policy, train, val, config, eval_config, ranks, rewards)
+    rollouts.start(state.step, [StepRollouts.from_dict(saved) for saved in state.in_flight])
 
     with open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
 
         def evaluate_and_log(step: int) -> None:
-            result = validate(
-                engine,
-                policy,
-                val,
-                eval_config,
-                config.eval_examples,
-                prompt_name=config.prompt,
-                seed=config.seed,
-                ranks=ranks,
-                rewards=rewards,
-            )
+            result = rollouts.validate()
             metrics = result.metrics
             live.step = state.optimizer_steps
             log_validation(live, metrics)
@@ -730,11 +870,10 @@ def run_grpo(
             if step % config.eval_every == 0:
                 evaluate_and_log(step)
             started = time.perf_counter()
-            step_seed = config.seed * 1_000_003 + step  # a pure function of (seed, step): resumes replay exactly
 
-            # Rollouts: a group of samples per question, from the engine loaded with the current policy.
-            with engine.serving(policy):
-                drawn = draw_rollouts(engine, train, config, eval_config.stop, step_seed, ranks, rewards)
+            # Rollouts: a group of samples per question, from the engine loaded with the policy of step - lag.
+            step_rollouts = rollouts.batch(step)
+            drawn = step_rollouts.drawn
             rolled = time.perf_counter()
 
             # Scoring: rewards, group-normalised advantages, training tensors.
@@ -742,13 +881,14 @@ def run_grpo(
             # The step's rollout figures over every rank's samples, logged with each of its optimizer steps.
             rollout = ranks.mean_metrics(rollout_metrics(drawn, config, rewards))
             rollout["rollout/sampling_rounds"] = drawn.sampling_rounds
+            rollout["rollout/policy_lag"] = step - step_rollouts.version
             if config.dynamic_sampling:
                 rollout["rollout/dropped_groups"] = drawn.dropped_groups
             scored = time.perf_counter()
 
             # Old and reference log-probs, once per rollout batch, never differentiated.
-            old_log_probs = ref_log_probs = None
-            if LOSS_TYPES[config.loss_type].needs_old_log_probs:
+            old_log_probs = ref_log_probs = importance_weights = None
+            if LOSS_TYPES[config.loss_type].needs_old_log_probs or config.rollout_is_cap is not None:
                 old_log_probs = (
                     batch.engine_log_probs
                     if config.old_log_probs_from == "engine"
@@ -759,10 +899,15 @@ def run_grpo(
                     ref_log_probs = compute_old_log_probs(trainer, batch, config, ranks)
             elif reference is not None:
                 ref_log_probs = compute_old_log_probs(reference, batch, config)
+            if config.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap)
+                importance_weights, corrections = rollout_importance_weights(
+                    old_log_probs, batch.engine_log_probs, batch.response_mask, config.rollout_is_cap
+                )
+                rollout |= {f"train/{name}": value.item() for name, value in corrections.items()}
             recomputed = time.perf_counter()
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
-            order_rng = random.Random(step_seed)
+            order_rng = random.Random(step_seed(config, step))
             for epoch in range(config.epochs_per_rollout_batch):
                 order = ranks.rows_to_train(len(batch.responses))
                 order_rng.shuffle(order)
@@ -770,7 +915,7 @@ def run_grpo(
                     metrics = {}
                     if has_learning_signal(batch, rows, config, ranks):
                         metrics = accumulate_gradients(
-                            trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks
+                            trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks, importance_weights
                         )
                         checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
                         share = len(rows) / train_rows_per_rank
@@ -786,13 +931,19 @@ def run_grpo(
             trained = time.perf_counter()
 
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
-            state.elapsed_seconds += trained - started
+            rollouts.advance(state.step)  # lag ≥ 1: the new weights to the engine, the next step's draw requested
+            advanced = time.perf_counter()
+            state.elapsed_seconds += advanced - started
             timings = {
-                "time/rollout_seconds": rolled - started,  # with waking the engine and loading the weights
+                # Lag 0: with waking the engine and loading the weights; lag ≥ 1: the wait for the engine's process.
+                "time/rollout_seconds": rolled - started,
                 "time/scoring_seconds": scored - rolled,
                 "time/old_log_prob_seconds": recomputed - scored,
                 "time/train_seconds": trained - recomputed,
+                "time/step_seconds": advanced - started,
             }
+            if step_rollouts.engine_seconds is not None:
+                timings["time/engine_seconds"] = step_rollouts.engine_seconds
             for name, value in timings.items():
                 live.log_metric(name, value)
             live.log_metric("grpo_step", state.step)
@@ -801,6 +952,7 @@ def run_grpo(
             if keep is not None and config.keep_every and state.step % config.keep_every == 0:
                 keep(state.step, best)
             if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
+                state.in_flight = [pending.to_dict() for pending in rollouts.in_flight()]
                 save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
 
         evaluate_and_log(state.step)

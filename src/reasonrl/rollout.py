@@ -412,18 +412,20 @@ class RolloutEngine:
         merged into the weights they adapt, so the engine needs no LoRA support. Cached prompt prefixes were
         computed with the old weights, so the prefix cache is reset.
         """
+        self.load_weights(engine_weights(policy, self.config.dtype))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load named tensors into the engine in place, consuming them one at a time: a policy's
+        (:func:`engine_weights`), or a stream received from the trainer's process
+        (:class:`reasonrl.engine_process.WeightChannel`). Resets the prefix cache, computed with the old weights."""
         if self._asleep:
-            raise RuntimeError("the engine is asleep: call wake_up() before sync_weights()")
-        self._load_weights(policy)
+            raise RuntimeError("the engine is asleep: call wake_up() before loading weights")
+        self._reload(weights)
         self._reset_prefix_cache()
 
-    def _load_weights(self, policy: torch.nn.Module) -> None:
-        # Cast to the engine's dtype tensor by tensor on the policy's device: an fp32 master copy ("mixed"
-        # precision) then crosses to the engine in bf16, and never all at once.
-        dtype = getattr(torch, self.config.dtype)
-        weights = ((name, tensor.to(dtype)) for name, tensor in merged_weights(policy))
+    def _reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         with torch.no_grad(), self._on_engine_device():
-            self._worker.reload_weights(weights_iterator=weights)
+            self._worker.reload_weights(weights_iterator=iter(weights))
 
     def _reset_prefix_cache(self) -> None:
         with self._on_engine_device():
@@ -466,7 +468,7 @@ class RolloutEngine:
             with self._on_engine_device():
                 self._llm.wake_up(tags=["weights"])  # GPU-only
         if policy is not None:
-            self._load_weights(policy)
+            self._reload(engine_weights(policy, self.config.dtype))
         if releasing:
             with self._on_engine_device():
                 self._llm.wake_up(tags=["kv_cache"])  # GPU-only
@@ -488,6 +490,14 @@ class RolloutEngine:
         if self.config.layout != "split":
             return contextlib.nullcontext()
         return torch.cuda.device(torch.device(self.config.engine_device))  # GPU-only
+
+
+def engine_weights(policy: torch.nn.Module, dtype: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``policy``'s weights as an engine of ``dtype`` loads them (any LoRA update merged in: :func:`merged_weights`),
+    cast tensor by tensor on the policy's device: an fp32 master copy ("mixed" precision) crosses to the engine in
+    bf16, and never all at once."""
+    for name, tensor in merged_weights(policy):  # state_dict() tensors: detached
+        yield name, tensor.to(getattr(torch, dtype))
 
 
 def _per_prompt(name: str, value: int | Sequence[int], count: int, minimum: int) -> list[int]:
