@@ -113,6 +113,43 @@ def test_repository_params_are_valid_full_scale(params_file):
             "eval.test_sets\\[0\\].sha256: required for each test set: the file's SHA-256 as 64 lowercase",
         ),
         ({"eval": {"test_sets": [{**TEST_SET, "answer_field": 3}]}}, "eval.test_sets\\[0\\].answer_field: must be str"),
+        # Stale rollouts and their truncated importance-sampling correction.
+        ({"grpo": {"max_staleness": -1}}, "grpo.max_staleness: must be ≥ 0 .*got -1"),
+        ({"grpo": {"max_staleness": True}}, "grpo.max_staleness: must be int"),
+        ({"grpo": {"rollout_is_cap": 0.5}}, r"grpo.rollout_is_cap: must be ≥ 1 or null \(off\), got 0.5"),
+        (
+            {"grpo": {"max_staleness": 2}},
+            "grpo.rollout_is_cap: must be set with grpo.max_staleness 2 > 0: an uncorrected stale gradient is biased; "
+            "set e.g. 2.0",
+        ),
+        (
+            {"grpo": {"rollout_is_cap": 2.0, "old_log_probs_from": "engine"}},
+            "grpo.old_log_probs_from: must be policy with grpo.rollout_is_cap 2.0: .*weight would always be 1",
+        ),
+        (
+            {"grpo": {"max_staleness": 1, "rollout_is_cap": 2.0}, "rollout": {"layout": "colocate"}},
+            r"rollout.layout: must not be colocate .*the engine must own its device: use split \(two GPUs\) or cpu",
+        ),
+        (
+            {"grpo": {"max_staleness": 1, "rollout_is_cap": 2.0}, "distributed": {"nproc_per_node": 2}},
+            "rollout.layout: must be colocate",  # torchrun's own check comes first for split
+        ),
+        (
+            {
+                "grpo": {"max_staleness": 1, "rollout_is_cap": 2.0},
+                "rollout": {"layout": "cpu"},
+                "distributed": {"nproc_per_node": 2},
+            },
+            r"distributed.nproc_per_node: × nnodes \(world size 2\) must be 1 .*torchrun runs are synchronous",
+        ),
+        (
+            {
+                "grpo": {"max_staleness": 1, "rollout_is_cap": 2.0},
+                "rollout": {"layout": "cpu"},
+                "distributed": {"nnodes": 2},
+            },
+            r"distributed.nproc_per_node: × nnodes \(world size 2\) must be 1",
+        ),
     ],
 )
 def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override, message):
@@ -124,6 +161,35 @@ def test_invalid_params_name_the_parameter(tmp_path, full_scale_params, override
     with pytest.raises(ConfigError, match=message) as error:
         load_params(path)
     assert str(error.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"grpo": {"max_staleness": 1, "rollout_is_cap": 2.0}},  # split, the committed layout
+        {"grpo": {"max_staleness": 3, "rollout_is_cap": 1}, "rollout": {"layout": "cpu"}},  # an int cap, the floor
+        {"grpo": {"rollout_is_cap": 5.0, "loss_type": "grpo_clip"}},  # TIS on a synchronous run
+        {"grpo": {"rollout_is_cap": None, "old_log_probs_from": "engine"}},
+        {"rollout": {"layout": "colocate"}, "distributed": {"nproc_per_node": 2}},  # synchronous torchrun
+    ],
+)
+def test_valid_staleness_and_importance_cap_combinations_load(tmp_path, full_scale_params, override):
+    tree = yaml.safe_load(full_scale_params)
+    for section, values in override.items():
+        tree.setdefault(section, {}).update(values)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    grpo = load_params(path).grpo
+    expected = override.get("grpo", {})
+    assert grpo.max_staleness == expected.get("max_staleness", 0)
+    assert grpo.rollout_is_cap == expected.get("rollout_is_cap")
+    assert grpo.rollout_is_cap is None or isinstance(grpo.rollout_is_cap, float)
+
+
+def test_staleness_and_importance_cap_default_to_off(params_file):
+    assert (Params().grpo.max_staleness, Params().grpo.rollout_is_cap) == (0, None)
+    grpo = load_params(params_file).grpo  # the committed params.yaml agrees with the code's defaults
+    assert (grpo.max_staleness, grpo.rollout_is_cap) == (0, None)
 
 
 def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout(params_file):

@@ -15,7 +15,7 @@ from reasonrl import (
     masked_normalize,
     sft_microbatch_train_step,
 )
-from reasonrl.losses import compute_grpo_no_clip_loss, compute_kl
+from reasonrl.losses import compute_grpo_no_clip_loss, compute_kl, rollout_importance_weights
 
 
 def handout_example():
@@ -272,3 +272,118 @@ def test_kl_penalty_adds_to_the_loss_and_its_gradient(estimator):
     dkl = -torch.log(r) if estimator == "k2" else 1 - r
     assert log_probs.grad[0, :2].tolist() == pytest.approx(((-2.0 + beta * dkl) / 2).tolist())
     assert log_probs.grad[0, 2].item() == 0.0
+
+
+# ------------------------------------------------------------------------------------- truncated importance sampling
+def test_rollout_importance_weights_and_metadata_by_hand():
+    """w = min(exp(old − μ), cap) on the masked tokens, 0 elsewhere; the padding's huge or undefined gaps reach
+    neither the weights nor the metadata."""
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.2, -1.0, -4.0, 0.0]], requires_grad=True)
+    behaviour = torch.tensor([[-2.0, -1.0, -0.5, float("-inf")], [-3.0, -1.5, -1.0, -9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    # log π_old − log μ on the masked tokens: [1, -1, 0], [2.8, 0.5, -3]; e^1 and e^2.8 exceed the cap 2
+    weights, metadata = rollout_importance_weights(old, behaviour, mask, cap=2.0)
+    expected = torch.tensor([[2.0, math.exp(-1.0), 1.0, 0.0], [2.0, math.exp(0.5), math.exp(-3.0), 0.0]])
+    assert torch.allclose(weights, expected)
+    assert not weights.requires_grad  # a constant of the loss
+    assert metadata["is_log_prob_gap_mean"].item() == pytest.approx((1 + 1 + 0 + 2.8 + 0.5 + 3) / 6)
+    assert metadata["is_log_prob_gap_max"].item() == pytest.approx(3.0)  # not the padding's inf or 9
+    assert metadata["is_weight_mean"].item() == pytest.approx(
+        (2 + math.exp(-1) + 1 + 2 + math.exp(0.5) + math.exp(-3)) / 6
+    )
+    assert metadata["is_truncated_fraction"].item() == pytest.approx(2 / 6)
+    assert sorted(metadata) == [
+        "is_log_prob_gap_max",
+        "is_log_prob_gap_mean",
+        "is_truncated_fraction",
+        "is_weight_mean",
+    ]
+
+
+def test_rollout_importance_weights_cannot_overflow():
+    old, behaviour = torch.tensor([[0.0, 0.0]]), torch.tensor([[-1000.0, -0.5]])  # exp(1000) is inf in fp32
+    weights, metadata = rollout_importance_weights(old, behaviour, torch.ones(1, 2, dtype=torch.bool), cap=3.0)
+    assert weights.tolist()[0] == pytest.approx([3.0, math.exp(0.5)])
+    assert all(torch.isfinite(value).all() for value in metadata.values())
+    with pytest.raises(ValueError, match="cap must be ≥ 1"):
+        rollout_importance_weights(old, behaviour, torch.ones(1, 2, dtype=torch.bool), cap=0.5)
+
+
+def importance_batch():
+    """Two sequences of 3 and 2 response tokens; ratios π/π_old = [1.5, 0.7, 1.05], [0.6, 1.3] (grpo_clip with ε 0.2
+    clips the first row's 1.5 for A > 0 and the second row's 0.6 for A < 0)."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    old = torch.log(torch.tensor([[0.2, 0.5, 0.4], [0.5, 0.3, 0.9]]))
+    ratio = torch.tensor([[1.5, 0.7, 1.05], [0.6, 1.3, 1.0]])
+    log_probs = (old + torch.log(ratio)).requires_grad_()
+    advantages = torch.tensor([[1.5], [-0.8]])
+    weights = torch.tensor([[2.0, 0.5, 1.2], [0.3, 1.7, 0.0]])
+    return log_probs, old, ratio, advantages, weights, mask
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+@pytest.mark.parametrize("loss_type", ["reinforce_with_baseline", "grpo_clip", "grpo_no_clip"])
+def test_importance_weights_scale_each_tokens_policy_gradient_not_the_kl(loss_type, kl_coef):
+    """Hand-written loss per token: -w·A·log π (REINFORCE), -w·min(ρA, clip(ρ)A) (grpo_clip), -w·ρA (no clip), plus
+    the unweighted k3 penalty β·((r − 1) − log r), r = π_ref/π; masked mean per sequence, batch mean, / accumulation.
+    Its gradient in log π, by hand: -w·A, -w·ρA where the unclipped term is the smaller (else 0), -w·ρA; plus
+    β(1 − r)."""
+    log_probs, old, ratio, advantages, weights, mask = importance_batch()
+    reference = old + 0.25  # r = e^0.25 / ratio
+    accumulation = 2
+    loss, _ = grpo_microbatch_train_step(
+        log_probs, mask, accumulation, loss_type, advantages=advantages, old_log_probs=old, cliprange=0.2,
+        ref_log_probs=reference, kl_coef=kl_coef, importance_weights=weights,
+    )  # fmt: skip
+    if loss_type == "reinforce_with_baseline":
+        pg_grad = -advantages.expand(2, 3)
+        pg_loss = -advantages * log_probs.detach()
+    else:
+        clipped = torch.clamp(ratio, 0.8, 1.2) * advantages
+        kept = (ratio * advantages <= clipped) if loss_type == "grpo_clip" else torch.ones(2, 3, dtype=torch.bool)
+        assert loss_type == "grpo_no_clip" or kept.tolist() == [[False, True, True], [False, True, True]]
+        pg_grad = torch.where(kept, -ratio * advantages, 0.0)
+        pg_loss = -torch.minimum(ratio * advantages, clipped) if loss_type == "grpo_clip" else -ratio * advantages
+    r = torch.exp(reference - log_probs.detach())
+    per_token_loss = weights * pg_loss + kl_coef * ((r - 1) - torch.log(r))
+    per_token_grad = weights * pg_grad + kl_coef * (1 - r)
+    lengths = mask.sum(dim=-1, keepdim=True)  # [3, 2]
+    expected_loss = ((per_token_loss * mask).sum(dim=-1) / lengths.squeeze(-1)).mean() / accumulation
+    expected_grad = per_token_grad * mask / lengths / 2 / accumulation  # batch of 2
+    assert loss.item() == pytest.approx(expected_loss.item())
+    assert torch.allclose(log_probs.grad, expected_grad, atol=1e-6)
+
+
+def unweighted_reference(loss_type, log_probs, old, advantages, mask, accumulation, reference, kl_coef):
+    """The loss as it was before importance weights, assembled from its parts; returns (loss, grad)."""
+    leaf = log_probs.detach().clone().requires_grad_()
+    per_token, _ = compute_policy_gradient_loss(
+        leaf, loss_type, advantages=advantages, old_log_probs=old, cliprange=0.2
+    )
+    if kl_coef > 0:
+        per_token = per_token + kl_coef * compute_kl(leaf, reference, "k3")
+    loss = masked_mean(per_token, mask, dim=-1).mean() / accumulation
+    loss.backward()
+    return loss.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+@pytest.mark.parametrize("loss_type", ["reinforce_with_baseline", "grpo_clip"])
+def test_no_importance_weights_is_bit_for_bit_the_unweighted_loss_and_all_ones_match_it(loss_type, kl_coef):
+    log_probs, old, _, advantages, _, mask = importance_batch()
+    reference = old + 0.25
+    common = {"advantages": advantages, "old_log_probs": old, "cliprange": 0.2, "ref_log_probs": reference}
+    expected_loss, expected_grad = unweighted_reference(
+        loss_type, log_probs, old, advantages, mask, 2, reference, kl_coef
+    )
+    results = {}
+    for name, weights in (("absent", ...), ("none", None), ("ones", torch.ones(2, 3))):
+        leaf = log_probs.detach().clone().requires_grad_()
+        extra = {} if weights is ... else {"importance_weights": weights}
+        loss, _ = grpo_microbatch_train_step(leaf, mask, 2, loss_type, kl_coef=kl_coef, **common, **extra)
+        results[name] = (loss, leaf.grad)
+    for name in ("absent", "none"):
+        assert torch.equal(results[name][0], expected_loss), name
+        assert torch.equal(results[name][1], expected_grad), name
+    assert torch.allclose(results["ones"][0], expected_loss)
+    assert torch.allclose(results["ones"][1], expected_grad)

@@ -618,6 +618,15 @@ class GRPOConfig(LoRAOptions):
     old_log_probs_from: Literal["policy", "engine"] = "policy"
     """Off-policy losses: recompute old log-probs with the policy (exact), or take the engine's (cheaper; differs
     slightly in numerics)."""
+    max_staleness: int = 0
+    """0: the synchronous loop (generate, then train). k ≥ 1: the batch GRPO step s trains on is generated with the
+    weights of step s − k exactly (steps < k: the initial weights), by an engine in its own process that generates
+    the next steps' batches while the policy trains (layouts ``cpu`` and ``split``). Needs ``rollout_is_cap``."""
+    rollout_is_cap: float | None = None
+    """Truncated importance weight cap C: every policy-gradient token term is multiplied by min(π_old/μ, C), where
+    π_old is the trainer's log-prob at the start of the step and μ the engine's (behaviour) log-prob of the sampled
+    token (TIS, Yao et al. 2025; AReaL's decoupled objective, arXiv:2505.24298); the KL penalty is not weighted.
+    null = off; otherwise ≥ 1, with ``old_log_probs_from: policy`` (the engine's π_old would equal μ)."""
     eval_every: int = 10
     """Steps between validation evaluations (also at the first and the last step)."""
     eval_examples: int = 500
@@ -658,6 +667,27 @@ class GRPOConfig(LoRAOptions):
         )
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
         _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
+        _require(
+            self.max_staleness >= 0, "grpo.max_staleness", f"must be ≥ 0 (0 = synchronous), got {self.max_staleness}"
+        )
+        _require(
+            self.rollout_is_cap is None or self.rollout_is_cap >= 1,
+            "grpo.rollout_is_cap",
+            f"must be ≥ 1 or null (off), got {self.rollout_is_cap}",
+        )
+        _require(
+            self.max_staleness == 0 or self.rollout_is_cap is not None,
+            "grpo.rollout_is_cap",
+            f"must be set with grpo.max_staleness {self.max_staleness} > 0: an uncorrected stale gradient is biased; "
+            f"set e.g. 2.0 (or grpo.max_staleness to 0)",
+        )
+        _require(
+            self.rollout_is_cap is None or self.old_log_probs_from == "policy",
+            "grpo.old_log_probs_from",
+            f"must be policy with grpo.rollout_is_cap {self.rollout_is_cap}: with engine, π_old would equal the "
+            f"engine's μ and the importance weight would always be 1; set it to policy (or grpo.rollout_is_cap to "
+            f"null)",
+        )
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "grpo.betas", "must be two in [0, 1)")
         _require_tokens(self.microbatch_tokens, "grpo.microbatch_tokens")
         _require_tokens(self.old_log_probs_microbatch_tokens, "grpo.old_log_probs_microbatch_tokens")
@@ -786,6 +816,25 @@ def _check_distributed(params: Params) -> None:
     )
 
 
+def _check_async(params: Params) -> None:
+    """What ``grpo.max_staleness > 0`` needs: an engine on a device of its own, in a single-process run."""
+    staleness = params.grpo.max_staleness
+    if staleness == 0:
+        return
+    _require(
+        params.rollout.layout != "colocate",
+        "rollout.layout",
+        f"must not be colocate with grpo.max_staleness {staleness} > 0: the engine must own its device: use split "
+        f"(two GPUs) or cpu (or grpo.max_staleness 0)",
+    )
+    _require(
+        params.distributed.world_size == 1,
+        "distributed.nproc_per_node",
+        f"× nnodes (world size {params.distributed.world_size}) must be 1 with grpo.max_staleness {staleness} > 0: "
+        f"torchrun runs are synchronous; set distributed.nproc_per_node and nnodes to 1, or grpo.max_staleness to 0",
+    )
+
+
 def _check_context_length(params: Params) -> None:
     """Room in ``rollout.max_model_len`` for what the engine is asked to generate. vLLM refuses a prompt that fills
     it and cuts a response short where prompt + response reach it, so every section that samples needs its
@@ -823,6 +872,7 @@ class Params:
 
     def __post_init__(self) -> None:
         _check_distributed(self)
+        _check_async(self)
         _check_context_length(self)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -183,6 +184,41 @@ def compute_policy_gradient_loss(
     return compute_grpo_no_clip_loss(weight, policy_log_probs, old_log_probs), {}
 
 
+def rollout_importance_weights(
+    old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, response_mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Truncated importance weights ``w = min(π_old / μ, cap)`` of the sampled tokens (TIS, Yao et al. 2025; AReaL's
+    decoupled objective, arXiv:2505.24298): ``π_old`` is the trainer's probability at the start of the step, ``μ``
+    the engine's (behaviour) probability that sampled the token. Returns ``(weights [B, T], metadata)``.
+
+    The weights are a constant of the loss: computed without gradient (detached). They are 0 where
+    ``response_mask`` is off. The exponent is taken after the cap, ``exp(min(log π_old − log μ, log cap))``, so a
+    large gap cannot overflow to inf.
+
+    Metadata, over the masked tokens: ``is_log_prob_gap_mean`` (mean ``|log π_old − log μ|``),
+    ``is_log_prob_gap_max`` (its max; 0 without masked tokens), ``is_weight_mean`` (mean of ``w``) and
+    ``is_truncated_fraction`` (fraction of tokens whose ``π_old / μ`` exceeds ``cap``); the means are NaN without
+    masked tokens, as :func:`masked_mean`'s.
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be ≥ 1, got {cap}")
+    with torch.no_grad():
+        mask = response_mask.bool()
+        dtype = torch.promote_types(old_log_probs.dtype, torch.float32)  # bf16 log-probs: exp in fp32
+        difference = old_log_probs.detach().to(dtype) - behaviour_log_probs.detach().to(dtype)  # [B, T]
+        # Padding may hold anything (-inf, NaN): zero it before it reaches a product or a reduction.
+        log_ratio = torch.where(mask, difference, torch.zeros_like(difference))
+        weights = torch.where(mask, torch.exp(torch.clamp(log_ratio, max=math.log(cap))), 0.0)  # [B, T]
+        gap = log_ratio.abs()
+        metadata = {
+            "is_log_prob_gap_mean": masked_mean(gap, mask),
+            "is_log_prob_gap_max": gap.max(),
+            "is_weight_mean": masked_mean(weights, mask),
+            "is_truncated_fraction": masked_mean((log_ratio > math.log(cap)).float(), mask),
+        }
+    return weights, metadata
+
+
 def grpo_microbatch_train_step(
     policy_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
@@ -198,6 +234,7 @@ def grpo_microbatch_train_step(
     ref_log_probs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss of one microbatch, reduced per sequence then over the batch; calls ``backward()``.
 
@@ -207,6 +244,10 @@ def grpo_microbatch_train_step(
 
     ``kl_coef > 0`` adds ``kl_coef`` times the ``kl_estimator`` penalty per token against ``ref_log_probs`` (see
     :func:`compute_kl`) before the same reduction; metadata ``kl`` is the masked mean of :func:`kl_value`.
+
+    ``importance_weights`` (``[B, T]``, e.g. from :func:`rollout_importance_weights`) multiplies the per-token
+    policy-gradient loss before the KL penalty is added (the penalty is not weighted): a constant ``w`` per token,
+    so the token's gradient is ``w · ∇(PG term)``. None = the unweighted loss, computed exactly as without it.
     """
     if length_normalization not in LENGTH_NORMALIZATIONS:
         raise ValueError(
@@ -217,6 +258,8 @@ def grpo_microbatch_train_step(
     per_token_loss, metadata = compute_policy_gradient_loss(
         policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high
     )  # [B, T]
+    if importance_weights is not None:
+        per_token_loss = per_token_loss * importance_weights.detach()
     if kl_coef > 0:
         if ref_log_probs is None:
             raise ValueError("kl_coef > 0 needs ref_log_probs")
