@@ -61,19 +61,22 @@ class WeightLayout:
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtype: str
+    bucket_bytes: int = BUCKET_BYTES
 
     @classmethod
-    def of(cls, weights: Iterable[tuple[str, torch.Tensor]], dtype: str) -> WeightLayout:
+    def of(
+        cls, weights: Iterable[tuple[str, torch.Tensor]], dtype: str, bucket_bytes: int = BUCKET_BYTES
+    ) -> WeightLayout:
         pairs = [(name, tuple(tensor.shape)) for name, tensor in weights]
-        return cls(tuple(name for name, _ in pairs), tuple(shape for _, shape in pairs), dtype)
+        return cls(tuple(name for name, _ in pairs), tuple(shape for _, shape in pairs), dtype, bucket_bytes)
 
-    def buckets(self, bucket_bytes: int = BUCKET_BYTES) -> list[range]:
+    def buckets(self) -> list[range]:
         """Consecutive tensor indices, each range filling a bucket up to ``bucket_bytes`` (a larger tensor alone)."""
         element = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
         buckets, start, size = [], 0, 0
         for index, shape in enumerate(self.shapes):
             nbytes = element * _numel(shape)
-            if index > start and size + nbytes > bucket_bytes:
+            if index > start and size + nbytes > self.bucket_bytes:
                 buckets.append(range(start, index))
                 start, size = index, 0
             size += nbytes
@@ -216,13 +219,16 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
             if isinstance(request, Setup):
                 setup = request
             elif isinstance(request, LoadWeights):
-                engine.load_weights(channel.receive(request.layout))
+                with engine.serving():  # each request is one generation phase (validate's own included)
+                    engine.load_weights(channel.receive(request.layout))
                 version = request.version
             elif isinstance(request, Draw):
                 started = time.perf_counter()
-                rollouts = draw_rollouts(
-                    engine, setup.train, setup.config, setup.eval_config.stop, request.step_seed, rewards=setup.rewards
-                )
+                with engine.serving():
+                    rollouts = draw_rollouts(
+                        engine, setup.train, setup.config, setup.eval_config.stop, request.step_seed,
+                        rewards=setup.rewards,
+                    )  # fmt: skip
                 replies.put(Drawn(request.step, version, rollouts, time.perf_counter() - started))
             elif isinstance(request, Validate):
                 result = validate(

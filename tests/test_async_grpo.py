@@ -1,0 +1,166 @@
+"""Asynchronous GRPO (``grpo.max_staleness`` ≥ 1): the weight channel into the engine's own process, the fixed
+policy lag, validation on the weights of the step it reports, and ``max_staleness: 0`` as exactly the synchronous
+generate-then-train loop."""
+
+import copy
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+
+from reasonrl.batching import chunks
+from reasonrl.cli import open_live
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
+from reasonrl.data import parse_lines
+from reasonrl.engine_process import Draw, RolloutProcess, Setup, Validate, WeightLayout
+from reasonrl.grpo import (
+    NonFiniteGuard,
+    accumulate_gradients,
+    compute_old_log_probs,
+    draw_rollouts,
+    make_optimizer,
+    optimizer_step,
+    run_grpo,
+    scheduled_learning_rate,
+    score_rollouts,
+    set_learning_rate,
+    step_seed,
+)
+from reasonrl.rollout import RolloutEngine, engine_weights
+from reasonrl.sft import load_policy
+from reasonrl.synthetic import arithmetic_lines
+
+ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024)  # float32, as the trainer on the CPU
+TRAIN = parse_lines(arithmetic_lines(32, 0, 1, 9), "train")
+EVAL = EvalConfig(max_tokens=12)
+# The tiny random model earns no reward, hence no advantage: the KL penalty (moved off its reference by weight
+# decay) is what makes every optimizer step change the weights.
+CONFIG = GRPOConfig(
+    n_grpo_steps=5, learning_rate=1e-4, rollout_batch_size=8, group_size=4, train_batch_size=8,
+    gradient_accumulation_steps=2, max_tokens=12, eval_every=2, eval_examples=4, checkpoint_every=100,
+    kl_coef=0.04, weight_decay=0.1, keep_every=2,
+)  # fmt: skip
+
+
+def test_weight_layout_fills_buckets_in_order_and_puts_a_larger_tensor_alone():
+    layout = WeightLayout(("a", "b", "c", "d"), ((4,), (3, 2), (100,), (1,)), "float32", bucket_bytes=40)
+    assert layout.buckets() == [range(0, 2), range(2, 3), range(3, 4)]  # 16 + 24 bytes | 400 | 4
+    assert WeightLayout(("a", "b"), ((4,), (4,)), "bfloat16", bucket_bytes=16).buckets() == [range(0, 2)]
+
+
+@pytest.fixture(scope="module")
+def engine_process(tiny_model_dir):
+    with RolloutProcess(tiny_model_dir, ENGINE, engine_threads=1) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return RolloutEngine(tiny_model_dir, ENGINE)
+
+
+def perturbed_policy(model_dir, seed: int = 0):
+    policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in policy.parameters():  # the tied embedding too: the output layer must follow it
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return policy, tokenizer
+
+
+@pytest.mark.slow
+def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engine_process, tiny_model_dir):
+    """Perturbed weights, streamed in many small buckets: the engine's log-probs of what it then samples equal the
+    trainer's to 1e-3, and differ from the unperturbed model's (the transfer took effect)."""
+    policy, tokenizer = perturbed_policy(tiny_model_dir)
+    config = GRPOConfig(
+        rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12,
+        max_staleness=1, rollout_is_cap=2.0,
+    )  # fmt: skip
+    engine_process.setup(Setup(TRAIN, TRAIN[:2], config, EVAL, None))
+    layout = WeightLayout.of(engine_weights(policy, ENGINE.dtype), ENGINE.dtype, bucket_bytes=64 * 2**10)
+    assert len(layout.buckets()) > 5
+    engine_process.load_weights(engine_weights(policy, ENGINE.dtype), layout, version=7)
+    engine_process.request(Draw(step=0, step_seed=123))
+    reply = engine_process.reply()
+    assert (reply.step, reply.version) == (0, 7)
+    drawn = reply.rollouts
+    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+    mask = batch.response_mask
+    assert mask.sum() > 8
+    trainer = compute_old_log_probs(policy, batch, config)
+    assert (trainer - batch.engine_log_probs)[mask].abs().max() < 1e-3
+    unperturbed, _ = load_policy(tiny_model_dir, torch.device("cpu"))
+    assert (compute_old_log_probs(unperturbed, batch, config) - batch.engine_log_probs)[mask].abs().max() > 0.05
+
+
+def run(engine, policy, tokenizer, model_dir, work, config, kept: dict | None = None):
+    def keep(step, best):
+        kept[step] = copy.deepcopy(policy.state_dict())
+
+    run_grpo(
+        policy, tokenizer, engine, TRAIN, TRAIN[:8], config, EVAL,
+        open_live=lambda resume: open_live(str(work / "live"), resume=resume), live_dir=work / "live",
+        checkpoint_dir=work / "checkpoints", init_model_dir=model_dir, keep=None if kept is None else keep,
+    )  # fmt: skip
+
+
+def column(work, name: str) -> list[float]:
+    rows = (work / "live/plots/metrics" / f"{name}.tsv").read_text().splitlines()[1:]
+    return [float(row.split("\t")[1]) for row in rows]
+
+
+@pytest.mark.slow
+def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engine_process, tiny_model_dir, tmp_path):
+    """Lag 2: steps 0, 1, 2 train on the initial weights' samples, step s ≥ 2 on step s − 2's; the engine draws
+    ahead while the policy trains. The correction's figures are logged every step, and the validation at step 2
+    is that of step 2's own weights, whatever the engine had in flight then."""
+    config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0)
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    kept = {}
+    run(engine_process, policy, tokenizer, tiny_model_dir, tmp_path, config, kept)
+    assert column(tmp_path, "rollout/policy_lag") == [0, 1, 2, 2, 2]
+    for name in ("is_log_prob_gap_mean", "is_log_prob_gap_max", "is_weight_mean", "is_truncated_fraction"):
+        assert len(column(tmp_path, f"train/{name}")) == 5
+    gaps = column(tmp_path, "train/is_log_prob_gap_max")
+    assert gaps[0] < 1e-3 < max(gaps[2:])  # step 0's samples are the current policy's; later ones are stale
+
+    # Step 2's weights, validated afresh by the engine: the run's validation at step 2 answered exactly this.
+    validated = copy.deepcopy(policy)
+    validated.load_state_dict(kept[2])
+    layout = WeightLayout.of(engine_weights(validated, ENGINE.dtype), ENGINE.dtype)
+    engine_process.load_weights(engine_weights(validated, ENGINE.dtype), layout, version=2)
+    engine_process.request(Validate())
+    result = engine_process.reply().result
+    logged = json.loads((tmp_path / "live/examples/step_000002.json").read_text())
+    assert [example["response"] for example in logged] == [record["response"] for record in result.records[:4]]
+    assert column(tmp_path, "eval/accuracy")[1] == result.metrics["accuracy"]  # validations at steps 0, 2, 4, 5
+
+
+@pytest.mark.slow
+def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
+    """``max_staleness: 0`` with ``rollout_is_cap: null``: the weights are exactly those of generate-then-train
+    written out step by step from the same library functions, with no validation in between."""
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+    run(engine, policy, tokenizer, tiny_model_dir, tmp_path, CONFIG)
+
+    expected, _ = load_policy(tiny_model_dir, torch.device("cpu"))
+    reference = copy.deepcopy(expected).eval().requires_grad_(False)
+    optimizer, guard = make_optimizer(expected, CONFIG), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
+    for step in range(CONFIG.n_grpo_steps):
+        seed = step_seed(CONFIG, step)
+        with engine.serving(expected):
+            drawn = draw_rollouts(engine, TRAIN, CONFIG, EVAL.stop, seed)
+        batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
+        ref_log_probs = compute_old_log_probs(reference, batch, CONFIG)
+        order = list(range(len(batch.responses)))
+        random.Random(seed).shuffle(order)
+        for train_batch, rows in enumerate(chunks(order, CONFIG.train_batch_size)):
+            accumulate_gradients(expected, batch, rows, None, CONFIG, ref_log_probs)
+            set_learning_rate(optimizer, scheduled_learning_rate(CONFIG, step, 0, train_batch))
+            optimizer_step(expected, optimizer, CONFIG, guard, step, {})
+    trained, initial = policy.state_dict(), load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
+    assert all(torch.equal(trained[name], tensor) for name, tensor in expected.state_dict().items())
+    assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
