@@ -197,3 +197,54 @@ def test_a_checkpoint_made_from_other_inputs_is_not_resumed(engine, tmp_path, ti
 
     # the same inputs again do resume the checkpoint the second run left
     assert "resuming from" in run_library_grpo(engine, model_dir, train, tmp_path / "run", **kwargs)
+
+
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(child) for child in (task / "children").read_text().split()]
+    return children
+
+
+def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_path):
+    """``max_staleness: 2``: killed (-9) once step 4's checkpoint is on disk, with the rollouts of steps 4 to 6
+    drawn by older weights in it, the stage's engine process ends on its own, and the rerun ends with exactly
+    the weights, metrics and curves of an uninterrupted run."""
+    root, _, data, model = stage_inputs
+    params = tmp_path / "params.yaml"
+    params.write_text((root / "params.yaml").read_text())
+    apply_to_file({"grpo.max_staleness": 2, "grpo.rollout_is_cap": 2.0, "grpo.n_grpo_steps": 7}, params)
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    subprocess.run(stage_command(params, data, model, uninterrupted), check=True, capture_output=True)
+
+    process = subprocess.Popen(
+        stage_command(params, data, model, resumed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for(resumed / "checkpoints" / "step-000004", time.monotonic() + 300)
+    engines = child_pids(process.pid)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
+    saved = json.loads((resumed / "checkpoints/step-000004/state.json").read_text())
+    assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5, 6]
+    assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3, 4]
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in engines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engines and not any(Path(f"/proc/{pid}").exists() for pid in engines), "the engine outlived its trainer"
+
+    rerun = subprocess.run(stage_command(params, data, model, resumed), capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming from {resumed / 'checkpoints/step-000004'} (step 4)" in rerun.stdout + rerun.stderr
+    for kind in ("final", "best"):
+        expected = load_file(uninterrupted / "grpo" / kind / "model.safetensors")
+        actual = load_file(resumed / "grpo" / kind / "model.safetensors")
+        assert all(torch.equal(expected[name], actual[name]) for name in expected), f"{kind} differs after resume"
+    expected, actual = (json.loads((run / "metrics.json").read_text()) for run in (uninterrupted, resumed))
+    assert expected.pop("wall_clock_seconds") > 0 and actual.pop("wall_clock_seconds") > 0
+    assert expected == actual
+    for curve in ("train/loss", "rollout/policy_lag", "train/is_weight_mean", "eval/accuracy"):
+        expected, actual = ((run / f"live/plots/metrics/{curve}.tsv").read_text() for run in (uninterrupted, resumed))
+        rows = [row.split("\t")[:2] for row in actual.splitlines()]
+        assert rows == [row.split("\t")[:2] for row in expected.splitlines()], curve
+    lags = (resumed / "live/plots/metrics/rollout/policy_lag.tsv").read_text().splitlines()[1:]
+    assert [float(row.split("\t")[1]) for row in lags[::4]] == [0, 1, 2, 2, 2, 2, 2]  # 4 optimizer steps a step
