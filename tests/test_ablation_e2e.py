@@ -2,6 +2,7 @@
 task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and ``python -m reasonrl.compare``."""
 
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -215,6 +216,33 @@ def test_grpo_on_two_ranks_is_an_experiment_like_any_other(repo):
     final = json.loads((clone / "reports/final/metrics.json").read_text())
     assert final["grpo"]["n"] == 24 and 0 <= final["grpo"]["accuracy"] <= 1
     assert not list((clone / "models/grpo_checkpoints").iterdir())  # a completed run removes its checkpoints
+
+
+def test_asynchronous_grpo_is_an_experiment_like_any_other(repo):
+    """``-S grpo.max_staleness=1``: the grpo stage trains each step on rollouts its engine's own process drew with
+    the previous step's weights, corrected by the truncated importance weight; without the cap it is refused
+    before any model loads, naming the param."""
+    clone, env = repo
+    run(["git", "checkout", "--", "params.yaml"], clone, env)  # the preset, without the earlier tests' -S values
+    refused = subprocess.run(
+        ["dvc", "exp", "run", "--name", "uncorrected", "-S", "grpo.max_staleness=1"],
+        cwd=clone, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "grpo.rollout_is_cap: must be set with grpo.max_staleness 1 > 0" in refused.stdout + refused.stderr
+    assert "Loading weights" not in refused.stdout + refused.stderr
+    run(["git", "checkout", "--", "params.yaml"], clone, env)
+    overrides = ["-S", "grpo.max_staleness=1", "-S", "grpo.rollout_is_cap=2.0"]
+    run(["dvc", "exp", "run", "--name", "async", *overrides], clone, env)
+    curves = clone / "reports/grpo/live/plots/metrics"
+    lags = [row.split("\t")[1] for row in (curves / "rollout/policy_lag.tsv").read_text().splitlines()[1:]]
+    assert lags == ["0", "1"]  # grpo.n_grpo_steps 2, one optimizer step each
+    for name in ("is_log_prob_gap_mean", "is_log_prob_gap_max", "is_weight_mean", "is_truncated_fraction"):
+        assert len((curves / f"train/{name}.tsv").read_text().splitlines()) == 3, name
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    assert final["grpo"]["n"] == 24 and 0 <= final["grpo"]["accuracy"] <= 1
+    assert "async" in experiment_names(clone, env)
+    assert not list((clone / "models/grpo_checkpoints").iterdir())
 
 
 REPORT_EDIT = """

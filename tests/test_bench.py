@@ -205,3 +205,15 @@ def test_grpo_step_against_trl_runs_small(tmp_path, gsm8k_mirror):
     assert any(line.startswith("TRL step 0:") for line in lines)
     assert any(line.startswith("reasonrl step 0:") for line in lines)
     assert re.fullmatch(r"grpo_step_speedup_vs_trl: [\d.]+x \(target >= 2x\)", lines[-1])
+
+
+# ---------------------------------------------------------------------------------------------- async_grpo.py
+@pytest.mark.slow
+def test_async_grpo_own_half_runs_small(tmp_path):
+    """The asynchronous peer (the engine's own process, pinned apart from the trainer) at a tiny shape."""
+    args = ["--questions", "2", "--group-size", "2", "--max-tokens", "8", "--gradient-accumulation-steps", "2"]
+    lines = run_bench("async_grpo", [*args, "--warmup-steps", "1", "--steps", "1", "--peers", "async"], tmp_path)
+    assert any(
+        re.match(r"async \(max_staleness 1\): [\d.]+ s/step \(rollout [\d.]+, .*engine [\d.]+", line) for line in lines
+    )
+    assert re.match(r"1\.5B on two GPUs, expected: .* ratio [\d.]+x$", lines[-1])

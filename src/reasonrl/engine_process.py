@@ -305,6 +305,11 @@ class RolloutProcess:
         self._process.start()
         self._channel = self._wait_for(lambda: WeightChannel(store, TRAINER, self.policy_device()))
 
+    @property
+    def pid(self) -> int:
+        """The engine process's id (e.g. to pin it to cores)."""
+        return self._process.pid
+
     def policy_device(self) -> torch.device:
         """The policy's device: the CPU, or cuda:0 beside the engine's GPU (``split``)."""
         return torch.device("cpu" if self.config.layout == "cpu" else "cuda:0")

@@ -1,0 +1,176 @@
+"""Seconds per GRPO step on CPU: asynchronous GRPO (``grpo.max_staleness: 1``) against the synchronous loop.
+
+Both peers run the library's own loop, ``reasonrl.grpo.run_grpo``, on the same tiny Qwen2 (BPE trained on synthetic
+arithmetic problems, random weights, fp32) from the same initial weights, on the same questions: ``--questions`` ×
+``--group-size`` samples per step, each forced to exactly ``--max-tokens`` tokens (``min_tokens = max_tokens``), one
+optimizer step of the whole batch in ``--gradient-accumulation-steps`` microbatches, on-policy REINFORCE with
+group-normalised advantages and a small KL penalty (a random model earns no reward: the penalty gives every step a
+gradient, as training with rewards would).
+
+- synchronous (``max_staleness: 0``, today's default): the engine in this process; generate, then train; engine and
+  policy each use all ``--threads`` threads in turn.
+- asynchronous (``max_staleness: 1``, ``rollout_is_cap: 2``): the engine in its own process pinned to the first
+  half of the cores, the trainer pinned to the rest (one core each on 2 cores); step s trains on rollouts drawn with
+  step s − 1's weights while the engine draws step s + 1's. The correction needs π_old, so this peer also runs the
+  old-log-prob pass, which the synchronous REINFORCE step skips: its cost is in the comparison.
+
+Timing: ``time/step_seconds`` of each GRPO step as the loop logs it (rollouts or the wait for them, scoring,
+old log-probs, training, and for the asynchronous peer streaming the new weights to the engine), validation left
+out; the first ``--warmup-steps`` steps are dropped and the median of the rest reported, with each phase's median.
+The asynchronous peer runs first, then the synchronous one (whose in-process engine binds this process's threads).
+
+The expected ratio at the 1.5B shape: a step of the synchronous loop takes generation + training; the asynchronous
+one, once the pipeline is full, max(generation, training) + the weight transfer. Training is the measured phase times
+of ``bench/gpu_train_step.py`` on one H200 (``--gpu-train-seconds``: 4.3 s per optimizer step of 256 responses at a
+16k-token budget + 2.4 s of old log-probs). Generation is ``--gpu-tokens`` response tokens at
+``--engine-tokens-per-second``, which was not measured (no vLLM on the lent GPU): the default is an assumption,
+printed as one. The weight transfer (3.1 GB of bf16 weights) over NVLink is well under 0.1 s and left out.
+
+Run: ``python bench/async_grpo.py`` (about 3 minutes on 2 cores). The last line is the headline ratio.
+``--peers async`` or ``--peers sync`` runs one peer alone: ``tests/test_bench.py`` runs the asynchronous peer at a
+small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from reasonrl.cli import open_live
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
+from reasonrl.data import parse_lines
+from reasonrl.engine_process import RolloutProcess
+from reasonrl.grpo import run_grpo
+from reasonrl.sft import load_policy
+from reasonrl.synthetic import arithmetic_lines
+from reasonrl.tiny_model import build_tiny_model, train_tokenizer
+
+PEERS = ("both", "sync", "async")
+PHASES = ("step", "rollout", "old_log_prob", "train", "engine")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=16, help="questions per GRPO step")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per question")
+    parser.add_argument("--max-tokens", type=int, default=128, help="completion length (forced)")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=4, help="microbatches per optimizer step")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per peer (median reported)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole run (split in two: async)")
+    parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
+    parser.add_argument("--gpu-train-seconds", type=float, default=4.3 + 2.4, help="1.5B training phase (H200)")
+    parser.add_argument("--gpu-tokens", type=int, default=256 * 360, help="response tokens per 1.5B step")
+    parser.add_argument(
+        "--engine-tokens-per-second", type=float, default=20_000.0, help="assumed vLLM throughput, 1.5B, one GPU"
+    )
+    return parser.parse_args()
+
+
+def build_model(directory: Path) -> list:
+    """The tiny model and its tokenizer in ``directory``; returns the training questions."""
+    lines = arithmetic_lines(512, seed=0, max_steps=2, max_value=9)
+    examples = parse_lines(lines, "synthetic train")
+    texts = [f"{example.question} {example.reasoning} {example.answer}" for example in examples]
+    tokenizer = train_tokenizer(texts, vocab_size=400)
+    build_tiny_model(tokenizer, TinyModelSpec(), seed=0).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return examples
+
+
+def run_peer(lag: int, model_dir: Path, train: list, config: GRPOConfig, args, workdir: Path) -> dict[str, list]:
+    """One peer's per-step phase seconds, from the curves its ``run_grpo`` logged."""
+    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=1024)
+    cores = sorted(os.sched_getaffinity(0))[: args.threads]
+    if lag:
+        half = max(1, len(cores) // 2)
+        engine = RolloutProcess(model_dir, engine_config, engine_threads=half)
+        os.sched_setaffinity(engine.pid, cores[:half])  # the engine's process and the trainer: a core each
+        os.sched_setaffinity(0, cores[half:] or cores)
+        torch.set_num_threads(max(1, len(cores) - half))
+        config = dataclasses.replace(config, max_staleness=lag, rollout_is_cap=2.0)
+    else:
+        from reasonrl.rollout import RolloutEngine
+
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+        engine = RolloutEngine(model_dir, engine_config)
+    live = workdir / f"live_{lag}"
+    policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
+    with contextlib.closing(engine) if lag else contextlib.nullcontext(), contextlib.redirect_stdout(io.StringIO()):
+        run_grpo(
+            policy, tokenizer, engine, train, train[:2], config, EvalConfig(max_tokens=8),
+            open_live=lambda resume: open_live(str(live), resume=resume), live_dir=live,
+            checkpoint_dir=workdir / f"checkpoints_{lag}", init_model_dir=model_dir,
+        )  # fmt: skip
+    times = {}
+    for phase in PHASES:
+        curve = live / "plots/metrics/time" / f"{phase}_seconds.tsv"
+        if curve.exists():
+            times[phase] = [float(row.split("\t")[1]) for row in curve.read_text().splitlines()[1:]]
+    return times
+
+
+def report(name: str, times: dict[str, list], warmup: int) -> dict[str, float]:
+    medians = {phase: statistics.median(values[warmup:]) for phase, values in times.items()}
+    phases = ", ".join(f"{phase} {seconds:.2f}" for phase, seconds in medians.items() if phase != "step")
+    steps = " ".join(f"{seconds:.2f}" for seconds in times["step"])
+    print(f"{name}: {medians['step']:.2f} s/step ({phases}; median of {len(times['step']) - warmup}; all: {steps})")
+    return medians
+
+
+def main() -> None:
+    args = parse_args()
+    config = GRPOConfig(
+        n_grpo_steps=args.warmup_steps + args.steps,
+        learning_rate=1e-5,
+        rollout_batch_size=args.questions * args.group_size,
+        group_size=args.group_size,
+        train_batch_size=args.questions * args.group_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        min_tokens=args.max_tokens,
+        max_tokens=args.max_tokens,
+        loss_type="reinforce_with_baseline",
+        kl_coef=0.01,
+        eval_every=10_000,
+        eval_examples=2,
+        checkpoint_every=10_000,
+    )
+    print(
+        f"shape: {args.questions} questions x {args.group_size} samples x {args.max_tokens} forced tokens, one "
+        f"optimizer step in {args.gradient_accumulation_steps} microbatches; {args.warmup_steps} warm-up + "
+        f"{args.steps} timed steps; cpus {sorted(os.sched_getaffinity(0))[: args.threads]}",
+        flush=True,
+    )
+    medians = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        model_dir = Path(workdir) / "model"
+        train = build_model(model_dir)
+        for lag, name in ((1, "async"), (0, "sync")):  # async first: the in-process engine binds its threads
+            if args.peers in ("both", name):
+                times = run_peer(lag, model_dir, train, config, args, Path(workdir))
+                medians[name] = report(f"{name} (max_staleness {lag})", times, args.warmup_steps)
+
+    generation = args.gpu_tokens / args.engine_tokens_per_second
+    training = args.gpu_train_seconds
+    print(
+        f"1.5B on two GPUs, expected: generation {generation:.1f} s ({args.gpu_tokens} tokens at an assumed "
+        f"{args.engine_tokens_per_second:,.0f} tok/s, not measured), training {training:.1f} s (measured, H200): "
+        f"synchronous {generation + training:.1f} s/step, max_staleness 1 {max(generation, training):.1f} s/step, "
+        f"ratio {(generation + training) / max(generation, training):.2f}x"
+    )
+    if args.peers == "both":
+        ratio = medians["sync"]["step"] / medians["async"]["step"]
+        print(f"async_grpo_speedup_vs_sync: {ratio:.2f}x (target >= 1.5x on 2 cores)")
+
+
+if __name__ == "__main__":
+    main()
