@@ -66,7 +66,7 @@ def main() -> None:
     REWARD_FNS["r1_zero"] = odd_length_reward
     distributed = DistributedConfig(nproc_per_node=2, strategy=strategy, tensor_parallel_size=tensor_parallel_size)
     ranks = init_ranks(distributed, "cpu")
-    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512)
+    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
     engine = RolloutEngine(model_dir, engine_config, ranks.tensor_parallel_size)
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     trainer = wrap_for_training(policy, strategy, ranks)

@@ -32,7 +32,7 @@ from reasonrl.rollout import RolloutEngine, engine_weights
 from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
 
-ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024)  # float32, as the trainer on the CPU
+ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True)  # float32, as the trainer on the CPU
 TRAIN = parse_lines(arithmetic_lines(32, 0, 1, 9), "train")
 EVAL = EvalConfig(max_tokens=12)
 # The tiny random model earns no reward, hence no advantage: the KL penalty (moved off its reference by weight

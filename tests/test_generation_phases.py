@@ -33,7 +33,7 @@ EVAL = EvalConfig(max_tokens=8)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
+    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True))
 
 
 @pytest.fixture(scope="module")

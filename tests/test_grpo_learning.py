@@ -72,7 +72,9 @@ def test_grpo_raises_train_reward(
     n_grpo_steps,
 ):
     _, questions = arithmetic
-    engine = RolloutEngine(partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
+    engine = RolloutEngine(
+        partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
+    )
     policy, tokenizer = load_policy(partly_trained_model, torch.device("cpu"))
     config = GRPOConfig(
         n_grpo_steps=n_grpo_steps,
@@ -136,7 +138,9 @@ def test_a_kl_penalty_keeps_the_policy_near_its_start(partly_trained_model, arit
     penalised / free, over GRPO seeds 0-3 here: 0.064/0.223, 0.041/0.187, 0.056/0.172, 0.069/0.235 (ratios
     0.22-0.33); after 12 on-policy steps of 64 samples, seed 0: 0.072/0.252 (0.28). The bar is 0.5."""
     problems, questions = arithmetic
-    engine = RolloutEngine(partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
+    engine = RolloutEngine(
+        partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
+    )
     reference, tokenizer = load_policy(partly_trained_model, torch.device("cpu"))
     probe = tokenizer([f"{p.question} {p.reasoning}\n#### {p.answer}" for p in problems[:64]], return_tensors="pt",
                       padding=True)["input_ids"]  # fmt: skip

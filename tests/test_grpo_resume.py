@@ -151,7 +151,7 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     """One engine for every library run: ``run_grpo`` syncs its policy's weights into it before sampling."""
-    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024))
+    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True))
 
 
 def run_library_grpo(engine, model_dir: Path, train, work: Path, learning_rate: float = 1e-4) -> str:

@@ -135,7 +135,9 @@ def test_the_engine_samples_the_merged_model_after_a_lora_step(tiny_model_dir, t
     for token: the engine needs no LoRA support."""
     from reasonrl.rollout import RolloutEngine
 
-    engine = RolloutEngine(tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512))
+    engine = RolloutEngine(
+        tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
+    )
     config = dataclasses.replace(LORA, learning_rate=3e-2)
     policy, tokenizer, _ = trained_lora_policy(tiny_model_dir, config, steps=5)
     merged = load_merged(tiny_model_dir, policy)

@@ -119,6 +119,6 @@ def test_vllm_loads_a_model_directory_with_a_card(tiny_model, tiny_tokenizer, tm
     save_policy(
         tiny_model, tiny_tokenizer, out, card=render_card(Params(), "sft", "x", BestCheckpoint(), "step", [], "u")
     )
-    engine = RolloutEngine(out, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512))
+    engine = RolloutEngine(out, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True))
     (group,) = engine.generate(["1+1="], n=1, temperature=0.0, max_tokens=4, stop=[])
     assert len(group) == 1 and group[0].length >= 1

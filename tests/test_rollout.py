@@ -478,9 +478,26 @@ def test_a_deterministic_engine_puts_the_process_on_deterministic_kernels_and_st
         torch.use_deterministic_algorithms(False)
 
 
-def test_deterministic_must_be_a_boolean():
-    with pytest.raises(ValueError, match="EngineConfig.deterministic"):
-        EngineConfig(deterministic="yes")
+@pytest.mark.parametrize("name", ["deterministic", "enforce_eager"])
+def test_switches_must_be_booleans(name):
+    with pytest.raises(ValueError, match=f"EngineConfig.{name} must be true or false"):
+        EngineConfig(**{name: "yes"})
+
+
+def test_an_eager_engine_decodes_as_the_compiled_one(engine, tiny_model_dir):
+    """``rollout.enforce_eager`` (the CPU preset's) skips torch.compile: the same greedy tokens, the same log-probs
+    to float32 rounding."""
+    eager = RolloutEngine(
+        tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
+    )
+    prompts = ["Natalia sold 48/2 = 24 clips", "Weng earns 12/60 = $0.2 per minute.", "</think> <answer>"]
+    compiled, eagerly = (
+        e.generate(prompts, temperature=0.0, max_tokens=16, min_tokens=16, return_logprobs=True)
+        for e in (engine, eager)
+    )
+    for one, other in zip(compiled, eagerly, strict=True):
+        assert one[0].token_ids == other[0].token_ids
+        assert max(abs(a - b) for a, b in zip(one[0].logprobs, other[0].logprobs, strict=True)) < 1e-4
 
 
 def test_only_the_understood_vllm_warnings_are_dropped():

@@ -206,6 +206,7 @@ class RolloutEngine:
                 dtype=config.dtype,
                 seed=config.seed,
                 max_model_len=config.max_model_len,
+                enforce_eager=config.enforce_eager,
                 use_tqdm_on_load=False,
                 log_level="WARNING",  # vLLM logs its whole config and every start-up phase at INFO
                 **self._layout_kwargs(config),
