@@ -97,9 +97,13 @@ class WeightChannel:
     store the trainer hosts (gloo, or NCCL when ``device`` is a GPU)."""
 
     def __init__(self, store: torch.distributed.Store, rank: int, device: torch.device) -> None:
-        backend = torch.distributed.ProcessGroupGloo if device.type == "cpu" else torch.distributed.ProcessGroupNCCL
-        # Blocks until the other end has made its half (a rendezvous through the store).
-        self._group = backend(store, rank, 2, CHANNEL_TIMEOUT)
+        # Each constructor blocks until the other end has made its half (a rendezvous through the store).
+        if device.type == "cpu":
+            self._group = torch.distributed.ProcessGroupGloo(store, rank, 2, CHANNEL_TIMEOUT)
+        else:  # GPU-only
+            options = torch.distributed.ProcessGroupNCCL.Options()
+            options._timeout = CHANNEL_TIMEOUT  # how torch.distributed itself sets an NCCL group's timeout
+            self._group = torch.distributed.ProcessGroupNCCL(store, rank, 2, options)
         self._store, self._device = store, device
 
     @staticmethod
@@ -290,8 +294,12 @@ class RolloutProcess:
 
     def __post_init__(self) -> None:
         from reasonrl.memory import check_gpus
+        from reasonrl.rollout import RolloutEngine
 
         check_gpus(self.config, torch.cuda.device_count())
+        # The trainer's PyTorch as an in-process engine would set it (rollout.deterministic); the engine's process
+        # sets its own when its engine starts.
+        RolloutEngine._configure_environment(self.config)
         # spawn, not fork: the trainer's process may already hold threads, a CUDA context or an engine.
         context = multiprocessing.get_context("spawn")
         self._requests, self._replies = context.Queue(), context.Queue()
