@@ -450,7 +450,7 @@ def test_a_cublas_workspace_that_breaks_determinism_is_named(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     with pytest.raises(ConfigError, match=r"^rollout.deterministic: needs CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8"):
-        RolloutEngine._configure_environment(EngineConfig(deterministic=True))
+        RolloutEngine.configure_environment(EngineConfig(deterministic=True))
     assert not torch.are_deterministic_algorithms_enabled()
 
 

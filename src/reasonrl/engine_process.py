@@ -299,7 +299,7 @@ class RolloutProcess:
         check_gpus(self.config, torch.cuda.device_count())
         # The trainer's PyTorch as an in-process engine would set it (rollout.deterministic); the engine's process
         # sets its own when its engine starts.
-        RolloutEngine._configure_environment(self.config)
+        RolloutEngine.configure_environment(self.config)
         # spawn, not fork: the trainer's process may already hold threads, a CUDA context or an engine.
         context = multiprocessing.get_context("spawn")
         self._requests, self._replies = context.Queue(), context.Queue()

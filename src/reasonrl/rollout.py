@@ -191,7 +191,7 @@ class RolloutEngine:
         self._policy_device = (
             torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
         )
-        self._configure_environment(config)
+        self.configure_environment(config)
         _quiet_understood_warnings()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
@@ -231,7 +231,7 @@ class RolloutEngine:
     # -- start-up -------------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _configure_environment(config: EngineConfig) -> None:
+    def configure_environment(config: EngineConfig) -> None:
         """The one place this package reads or sets environment variables for vLLM and CUDA."""
         # Every layout: keep the engine in this process, which the single weight-sync path relies on (vLLM reads it
         # when the engine starts). It also makes vLLM's scheduling deterministic (vLLM's reproducibility guide).
