@@ -7,10 +7,10 @@ from pathlib import Path
 from reasonrl.atomic import atomic_write_json
 from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
-from reasonrl.config import load_params
+from reasonrl.config import EngineConfig, load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
-from reasonrl.engine_process import RolloutProcess
+from reasonrl.engine_process import RolloutProcess, share_cpu_threads
 from reasonrl.grpo import run_grpo
 from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.model_card import git_commit, render_card
@@ -39,7 +39,13 @@ def main() -> None:
     # (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
     with checkpoint_lock(args.checkpoints) if ranks.is_main else contextlib.nullcontext():
         shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
-        engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards)
+
+        def engine_process(model_dir: Path, rollout: EngineConfig) -> RolloutProcess:
+            return RolloutProcess(model_dir, rollout, share_cpu_threads(rollout))
+
+        # grpo.max_staleness ≥ 1: the engine in a process of its own, sampling while the policy trains
+        start_engine = engine_process if config.max_staleness else None
+        engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards, start_engine)
         commit = git_commit()
 
         def keep(step: int, best: BestCheckpoint) -> None:

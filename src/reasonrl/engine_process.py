@@ -24,7 +24,7 @@ import multiprocessing
 import queue
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,8 +34,7 @@ import torch
 from reasonrl.errors import UserError
 
 if TYPE_CHECKING:
-    from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
-    from reasonrl.data import GSM8KExample
+    from reasonrl.config import EngineConfig
     from reasonrl.evaluation import EvalResult
     from reasonrl.grpo import DrawnRollouts
 
@@ -144,13 +143,14 @@ class WeightChannel:
 # ---------------------------------------------------------------------------------------------------- requests
 @dataclass(frozen=True)
 class Setup:
-    """What the engine's draws and validations need besides the weights; sent once, first."""
+    """What the engine does for a :class:`Draw` and a :class:`Validate`; sent once, first. Picklable callables
+    (module functions, or ``functools.partial`` of them with picklable arguments), so this module needs to know
+    nothing of GRPO: the trainer's loop sends its own."""
 
-    train: list[GSM8KExample]
-    val: list[GSM8KExample]
-    config: GRPOConfig
-    eval_config: EvalConfig
-    rewards: Mapping[str, str] | None
+    draw: Callable[..., DrawnRollouts]
+    """``draw(engine, step_seed=...)``: a step's rollouts (:func:`reasonrl.grpo.draw_rollouts`)."""
+    validate: Callable[..., EvalResult]
+    """``validate(engine, None)``: validation of the loaded weights (:func:`reasonrl.sft.validate`)."""
 
 
 @dataclass(frozen=True)
@@ -210,9 +210,7 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
         channel = WeightChannel(WeightChannel.join(port), ENGINE, device)
         if threads is not None:
             torch.set_num_threads(threads)
-        from reasonrl.grpo import draw_rollouts
         from reasonrl.rollout import RolloutEngine
-        from reasonrl.sft import validate
 
         engine = RolloutEngine(model_dir, config)
         setup, version = None, None
@@ -229,23 +227,10 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
             elif isinstance(request, Draw):
                 started = time.perf_counter()
                 with engine.serving():
-                    rollouts = draw_rollouts(
-                        engine, setup.train, setup.config, setup.eval_config.stop, request.step_seed,
-                        rewards=setup.rewards,
-                    )  # fmt: skip
+                    rollouts = setup.draw(engine, step_seed=request.step_seed)
                 replies.put(Drawn(request.step, version, rollouts, time.perf_counter() - started))
             elif isinstance(request, Validate):
-                result = validate(
-                    engine,
-                    None,
-                    setup.val,
-                    setup.eval_config,
-                    setup.config.eval_examples,
-                    prompt_name=setup.config.prompt,
-                    seed=setup.config.seed,
-                    rewards=setup.rewards,
-                )
-                replies.put(Validated(version, result))
+                replies.put(Validated(version, setup.validate(engine, None)))
             else:
                 raise TypeError(f"unknown request {request!r}")
     except BaseException:

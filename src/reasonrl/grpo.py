@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import random
 import time
@@ -46,6 +47,7 @@ from reasonrl.distributed import (
     training_state,
     wrap_for_training,
 )
+from reasonrl.engine_process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated, WeightLayout
 from reasonrl.errors import UserError
 from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_types import LOSS_TYPES
@@ -69,7 +71,6 @@ if TYPE_CHECKING:
 
     from reasonrl.config import DistributedConfig, EngineConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
-    from reasonrl.engine_process import RolloutProcess
     from reasonrl.evaluation import EvalResult
     from reasonrl.rollout import RolloutEngine, Sample
 
@@ -354,27 +355,38 @@ class SynchronousRollouts:
     """``max_staleness: 0``: each step's rollouts are sampled by the engine of this process, loaded with the policy
     as it is, then trained on; the engine and the policy take turns."""
 
-    def __init__(self, engine, policy, train, val, config, eval_config, ranks=SINGLE, rewards=None) -> None:
-        self.engine, self.policy, self.train, self.val = engine, policy, train, val
-        self.config, self.eval_config, self.ranks, self.rewards = config, eval_config, ranks, rewards
+    def __init__(
+        self,
+        engine: RolloutEngine | RolloutProcess,
+        policy: PreTrainedModel,
+        train: list[GSM8KExample],
+        val: list[GSM8KExample],
+        config: GRPOConfig,
+        eval_config: EvalConfig,
+        ranks: Ranks = SINGLE,
+        rewards: Mapping[str, str] | None = None,
+    ) -> None:
+        self.engine, self.policy, self.config = engine, policy, config
+        # What the engine does for a step and for a validation, whichever process it runs in.
+        self.draw = functools.partial(
+            draw_rollouts, train=train, config=config, stop=eval_config.stop, ranks=ranks, rewards=rewards
+        )
+        self.check = functools.partial(
+            validate, val=val, eval_config=eval_config, num_examples=config.eval_examples, prompt_name=config.prompt,
+            seed=config.seed, ranks=ranks, rewards=rewards,
+        )  # fmt: skip
 
     def start(self, step: int, in_flight: list[StepRollouts]) -> None:
         """Begin at GRPO step ``step`` (0, or a resumed run's), with the rollouts a checkpoint held in flight."""
 
     def batch(self, step: int) -> StepRollouts:
         with self.engine.serving(self.policy):
-            drawn = draw_rollouts(
-                self.engine, self.train, self.config, self.eval_config.stop, step_seed(self.config, step), self.ranks,
-                self.rewards,
-            )  # fmt: skip
+            drawn = self.draw(self.engine, step_seed=step_seed(self.config, step))
         return StepRollouts(step, step, drawn)
 
     def validate(self) -> EvalResult:
         """The policy as it is now, on ``eval_examples`` validation questions."""
-        return validate(
-            self.engine, self.policy, self.val, self.eval_config, self.config.eval_examples,
-            prompt_name=self.config.prompt, seed=self.config.seed, ranks=self.ranks, rewards=self.rewards,
-        )  # fmt: skip
+        return self.check(self.engine, self.policy)
 
     def advance(self, step: int) -> None:
         """The policy now holds the weights after ``step`` GRPO steps."""
@@ -392,26 +404,20 @@ class LaggedRollouts(SynchronousRollouts):
     newest weights: it sees the policy of the step it reports."""
 
     def start(self, step: int, in_flight: list[StepRollouts]) -> None:
-        from reasonrl.engine_process import Setup, WeightLayout
-
         self.lag, self.pending = self.config.max_staleness, {rollouts.step: rollouts for rollouts in in_flight}
         self.requested, self.awaited = max(self.pending, default=step - 1), set()
         self.layout = WeightLayout.of(engine_weights(self.policy, self.engine.config.dtype), self.engine.config.dtype)
-        self.engine.setup(Setup(self.train, self.val, self.config, self.eval_config, self.rewards))
+        self.engine.setup(Setup(self.draw, self.check))
         self.advance(step)
 
     def advance(self, step: int) -> None:
-        from reasonrl.engine_process import Draw
-
         self.engine.load_weights(engine_weights(self.policy, self.layout.dtype), self.layout, step)
         for later in range(self.requested + 1, min(step + self.lag, self.config.n_grpo_steps - 1) + 1):
             self.engine.request(Draw(later, step_seed(self.config, later)))
             self.requested = later
             self.awaited.add(later)
 
-    def _next_reply(self):
-        from reasonrl.engine_process import Drawn
-
+    def _next_reply(self) -> Drawn | Validated:
         reply = self.engine.reply()
         if isinstance(reply, Drawn):
             self.awaited.remove(reply.step)
@@ -427,8 +433,6 @@ class LaggedRollouts(SynchronousRollouts):
         return rollouts
 
     def validate(self) -> EvalResult:
-        from reasonrl.engine_process import Validate, Validated
-
         self.engine.request(Validate())
         while not isinstance(reply := self._next_reply(), Validated):
             pass

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
     from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, Precision, SFTConfig, SFTOptimization
     from reasonrl.data import GSM8KExample
-    from reasonrl.engine_process import RolloutProcess
     from reasonrl.lora import LoRASettings
     from reasonrl.rollout import RolloutEngine
 
@@ -100,13 +99,13 @@ def start_training(
     rollout: EngineConfig,
     ranks: Ranks = SINGLE,
     policy_shards: int = 1,
-) -> tuple[RolloutEngine | RolloutProcess, PreTrainedModel, PreTrainedTokenizerBase]:
+    start_engine: Callable[[str | Path, EngineConfig], Any] | None = None,
+) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
     ``model_dir`` before any model loads (its prompt against the tokenizer, LoRA's target modules, the GPU memory
     plan of one of ``policy_shards`` FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun;
-    with ``grpo.max_staleness`` ≥ 1 the engine's own process, which the caller closes) and the policy on the device
-    the layout gives it."""
-    from reasonrl.engine_process import RolloutProcess, share_cpu_threads
+    or what ``start_engine(model_dir, rollout)`` starts instead: the asynchronous GRPO stage's engine process) and
+    the policy on the device the layout gives it."""
     from reasonrl.rollout import RolloutEngine  # here, not at the top: training alone (the GPU bench) needs no vLLM
 
     check_prompt(config.prompt, f"{section}.prompt", AutoTokenizer.from_pretrained(model_dir), model_dir)
@@ -114,10 +113,10 @@ def start_training(
     plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
         print(f"{section}: {plan}")
-    if getattr(config, "max_staleness", 0):  # asynchronous GRPO: the engine in a process of its own
-        engine = RolloutProcess(model_dir, rollout, share_cpu_threads(rollout))
-    else:
+    if start_engine is None:
         engine = RolloutEngine(model_dir, rollout, ranks.tensor_parallel_size)
+    else:
+        engine = start_engine(model_dir, rollout)
     policy, tokenizer = load_policy(
         model_dir, engine.policy_device(), config.precision, config.gradient_checkpointing, lora=config
     )
