@@ -4,6 +4,7 @@ generate-then-train loop."""
 
 import copy
 import dataclasses
+import functools
 import json
 import random
 
@@ -29,7 +30,7 @@ from reasonrl.grpo import (
     step_seed,
 )
 from reasonrl.rollout import RolloutEngine, engine_weights
-from reasonrl.sft import load_policy
+from reasonrl.sft import load_policy, validate
 from reasonrl.synthetic import arithmetic_lines
 
 ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True)  # float32, as the trainer on the CPU
@@ -79,7 +80,10 @@ def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engi
         rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12,
         max_staleness=1, rollout_is_cap=2.0,
     )  # fmt: skip
-    engine_process.setup(Setup(TRAIN, TRAIN[:2], config, EVAL, None))
+    draw = functools.partial(draw_rollouts, train=TRAIN, config=config, stop=EVAL.stop)
+    engine_process.setup(
+        Setup(draw, functools.partial(validate, val=TRAIN[:2], eval_config=EVAL, num_examples=2, prompt_name="r1_zero"))
+    )
     layout = WeightLayout.of(engine_weights(policy, ENGINE.dtype), ENGINE.dtype, bucket_bytes=64 * 2**10)
     assert len(layout.buckets()) > 5
     engine_process.load_weights(engine_weights(policy, ENGINE.dtype), layout, version=7)
