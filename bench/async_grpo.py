@@ -3,7 +3,9 @@
 Both peers run the library's own loop, ``reasonrl.grpo.run_grpo``, on the same tiny Qwen2 (BPE trained on synthetic
 arithmetic problems, random weights, fp32) from the same initial weights, on the same questions: ``--questions`` ×
 ``--group-size`` samples per step, each forced to exactly ``--max-tokens`` tokens (``min_tokens = max_tokens``), one
-optimizer step of the whole batch in ``--gradient-accumulation-steps`` microbatches, on-policy REINFORCE with
+optimizer step of the whole batch in ``--gradient-accumulation-steps`` microbatches, the short ``question_only``
+prompt by default (r1_zero's 117 prompt tokens make training, which reads them every pass, much longer than
+generation, which reads them once), on-policy REINFORCE with
 group-normalised advantages and a small KL penalty (a random model earns no reward: the penalty gives every step a
 gradient, as training with rewards would).
 
@@ -63,9 +65,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8, help="samples per question")
     parser.add_argument("--max-tokens", type=int, default=128, help="completion length (forced)")
     parser.add_argument("--gradient-accumulation-steps", type=int, default=4, help="microbatches per optimizer step")
+    parser.add_argument(
+        "--prompt", default="question_only", help="question_only (short: balances the phases) or r1_zero"
+    )
     parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the median")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per peer (median reported)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole run (split in two: async)")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="async: leave the engine and the trainer to the OS scheduler"
+    )
     parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
     parser.add_argument("--gpu-train-seconds", type=float, default=4.3 + 2.4, help="1.5B training phase (H200)")
     parser.add_argument("--gpu-tokens", type=int, default=256 * 360, help="response tokens per 1.5B step")
@@ -93,8 +101,9 @@ def run_peer(lag: int, model_dir: Path, train: list, config: GRPOConfig, args, w
     if lag:
         half = max(1, len(cores) // 2)
         engine = RolloutProcess(model_dir, engine_config, engine_threads=half)
-        os.sched_setaffinity(engine.pid, cores[:half])  # the engine's process and the trainer: a core each
-        os.sched_setaffinity(0, cores[half:] or cores)
+        if not args.no_pin:  # the engine's process and the trainer: a core each
+            os.sched_setaffinity(engine.pid, cores[:half])
+            os.sched_setaffinity(0, cores[half:] or cores)
         torch.set_num_threads(max(1, len(cores) - half))
         config = dataclasses.replace(config, max_staleness=lag, rollout_is_cap=2.0)
     else:
@@ -140,12 +149,14 @@ def main() -> None:
         max_tokens=args.max_tokens,
         loss_type="reinforce_with_baseline",
         kl_coef=0.01,
+        prompt=args.prompt,
         eval_every=10_000,
         eval_examples=2,
         checkpoint_every=10_000,
     )
     print(
-        f"shape: {args.questions} questions x {args.group_size} samples x {args.max_tokens} forced tokens, one "
+        f"shape: {args.questions} questions x {args.group_size} samples x {args.max_tokens} forced tokens, prompt "
+        f"{args.prompt}, one "
         f"optimizer step in {args.gradient_accumulation_steps} microbatches; {args.warmup_steps} warm-up + "
         f"{args.steps} timed steps; cpus {sorted(os.sched_getaffinity(0))[: args.threads]}",
         flush=True,

@@ -103,7 +103,7 @@ class WeightChannel:
             options = torch.distributed.ProcessGroupNCCL.Options()
             options._timeout = CHANNEL_TIMEOUT  # how torch.distributed itself sets an NCCL group's timeout
             self._group = torch.distributed.ProcessGroupNCCL(store, rank, 2, options)
-        self._store, self._device = store, device
+        self._store, self._device = store, device  # the trainer's store serves only while this reference lives
 
     @staticmethod
     def host() -> torch.distributed.TCPStore:
