@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6, help="timed steps per peer (median reported)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of the whole run (split in two: async)")
     parser.add_argument(
+        "--enforce-eager", action="store_true", help="vLLM without torch.compile (faster start; the tests' small runs)"
+    )
+    parser.add_argument(
         "--no-pin", action="store_true", help="async: leave the engine and the trainer to the OS scheduler"
     )
     parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
@@ -96,7 +99,7 @@ def build_model(directory: Path) -> list:
 
 def run_peer(lag: int, model_dir: Path, train: list, config: GRPOConfig, args, workdir: Path) -> dict[str, list]:
     """One peer's per-step phase seconds, from the curves its ``run_grpo`` logged."""
-    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=1024)
+    engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=args.enforce_eager)
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     if lag:
         half = max(1, len(cores) // 2)

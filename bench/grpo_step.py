@@ -81,6 +81,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per peer (median reported)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both peers")
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="vLLM's CPU KV cache")
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="vLLM without torch.compile (faster start; the tests' small runs)"
+    )
     parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
     return parser.parse_args()
 
@@ -92,7 +95,10 @@ def reasonrl_steps(
     """Seconds of each phase of each GRPO step (warm-up steps included), from the library's step pieces."""
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     engine = RolloutEngine(
-        model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=1024)
+        model_dir,
+        EngineConfig(
+            layout="cpu", cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=1024, enforce_eager=args.enforce_eager
+        ),
     )
     optimizer = make_optimizer(policy, config)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite)

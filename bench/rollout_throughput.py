@@ -45,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="both peers' dtype")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per peer and shape (median reported)")
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="vLLM's CPU KV cache")
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="vLLM without torch.compile (faster start; the tests' small runs)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch/OpenMP threads for both (default: torch's)")
     return parser.parse_args()
 
@@ -120,7 +123,13 @@ def main() -> None:
         dtype = getattr(torch, args.dtype)
         max_model_len = max(prompt_lengths) + max(max(reference_lengths), args.forced_tokens) + 16
         engine = RolloutEngine(
-            model_dir, EngineConfig(dtype=args.dtype, cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=max_model_len)
+            model_dir,
+            EngineConfig(
+                dtype=args.dtype,
+                cpu_kv_cache_gib=args.kv_cache_gib,
+                max_model_len=max_model_len,
+                enforce_eager=args.enforce_eager,
+            ),
         )
         hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 

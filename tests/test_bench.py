@@ -169,6 +169,7 @@ def test_logprob_memory_runs_small_on_cpu(tmp_path):
 def test_rollout_throughput_runs_small(tmp_path, gsm8k_mirror):
     env = {**os.environ, MIRROR_ENV_VAR: str(gsm8k_mirror)}
     args = ["--prompts", "4", "--forced-tokens", "8", "--hf-batch-size", "2", "--repeats", "1", "--dtype", "float32"]
+    args.append("--enforce-eager")  # torch.compile would take most of this small run
     lines = run_bench("rollout_throughput", [*args, "--threads", "1"], tmp_path, env)
     assert sum(line.startswith(("forced_8: RolloutEngine", "rl_shape: RolloutEngine")) for line in lines) == 2
     assert re.fullmatch(r"forced_8_speedup_vs_hf_generate: [\d.]+x", lines[-2])
@@ -178,7 +179,7 @@ def test_rollout_throughput_runs_small(tmp_path, gsm8k_mirror):
 # ---------------------------------------------------------------------------------------------- grpo_step.py
 GRPO_STEP_SMALL = [
     "--questions", "2", "--group-size", "2", "--max-tokens", "8", "--gradient-accumulation-steps", "2",
-    "--warmup-steps", "0", "--steps", "1", "--threads", "1",
+    "--warmup-steps", "0", "--steps", "1", "--threads", "1", "--enforce-eager",
 ]  # fmt: skip
 
 
@@ -212,7 +213,8 @@ def test_grpo_step_against_trl_runs_small(tmp_path, gsm8k_mirror):
 def test_async_grpo_own_half_runs_small(tmp_path):
     """The asynchronous peer (the engine's own process, pinned apart from the trainer) at a tiny shape."""
     args = ["--questions", "2", "--group-size", "2", "--max-tokens", "8", "--gradient-accumulation-steps", "2"]
-    lines = run_bench("async_grpo", [*args, "--warmup-steps", "1", "--steps", "1", "--peers", "async"], tmp_path)
+    args += ["--warmup-steps", "1", "--steps", "1", "--peers", "async", "--enforce-eager"]
+    lines = run_bench("async_grpo", args, tmp_path)
     assert any(
         re.match(r"async \(max_staleness 1\): [\d.]+ s/step \(rollout [\d.]+, .*engine [\d.]+", line) for line in lines
     )
