@@ -1,13 +1,13 @@
 """Seconds per GRPO step on CPU: asynchronous GRPO (``grpo.max_staleness: 1``) against the synchronous loop.
 
-Both peers run the library's own loop, ``reasonrl.grpo.run_grpo``, on the same tiny Qwen2 (BPE trained on synthetic
-arithmetic problems, random weights, fp32) from the same initial weights, on the same questions: ``--questions`` ×
-``--group-size`` samples per step, each forced to exactly ``--max-tokens`` tokens (``min_tokens = max_tokens``), one
-optimizer step of the whole batch in ``--gradient-accumulation-steps`` microbatches, the short ``question_only``
-prompt by default (r1_zero's 117 prompt tokens make training, which reads them every pass, much longer than
-generation, which reads them once), on-policy REINFORCE with
-group-normalised advantages and a small KL penalty (a random model earns no reward: the penalty gives every step a
-gradient, as training with rewards would).
+Both peers run the library's own loop, ``reasonrl.grpo.run_grpo``, on the same tiny Qwen2 (the pipeline's own,
+``prepare_base_model``: BPE trained on synthetic arithmetic problems, random weights, fp32) from the same initial
+weights, on the same questions: ``--questions`` × ``--group-size`` samples per step, each forced to exactly
+``--max-tokens`` tokens (``min_tokens = max_tokens``), one optimizer step of the whole batch in
+``--gradient-accumulation-steps`` microbatches, the short ``question_only`` prompt by default (r1_zero's 117 prompt
+tokens make training, which reads them every pass, much longer than generation, which reads them once), on-policy
+REINFORCE with group-normalised advantages and a small KL penalty (a random model earns no reward: the penalty gives
+every step a gradient, as training with rewards would).
 
 - synchronous (``max_staleness: 0``, today's default): the engine in this process; generate, then train; engine and
   policy each use all ``--threads`` threads in turn.
@@ -51,9 +51,9 @@ from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
 from reasonrl.engine_process import RolloutProcess
 from reasonrl.grpo import run_grpo
+from reasonrl.models import prepare_base_model
 from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
-from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 PEERS = ("both", "sync", "async")
 PHASES = ("step", "rollout", "old_log_prob", "train", "engine")
@@ -87,13 +87,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def build_model(directory: Path) -> list:
-    """The tiny model and its tokenizer in ``directory``; returns the training questions."""
-    lines = arithmetic_lines(512, seed=0, max_steps=2, max_value=9)
-    examples = parse_lines(lines, "synthetic train")
-    texts = [f"{example.question} {example.reasoning} {example.answer}" for example in examples]
-    tokenizer = train_tokenizer(texts, vocab_size=400)
-    build_tiny_model(tokenizer, TinyModelSpec(), seed=0).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    """The pipeline's tiny model (``reasonrl.models.prepare_base_model``) in ``directory``, its tokenizer trained on
+    synthetic arithmetic problems; returns them, the training questions."""
+    examples = parse_lines(arithmetic_lines(512, seed=0, max_steps=2, max_value=9), "synthetic train")
+    prepare_base_model("tiny", TinyModelSpec(), seed=0, train=examples, out_dir=directory)
     return examples
 
 
