@@ -49,7 +49,7 @@ import torch
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.engine_process import RolloutProcess
+from reasonrl.engine_process import RolloutProcess, share_cpu_threads
 from reasonrl.grpo import run_grpo
 from reasonrl.models import prepare_base_model
 from reasonrl.sft import load_policy
@@ -99,12 +99,12 @@ def run_peer(lag: int, model_dir: Path, train: list, config: GRPOConfig, args, w
     engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=args.enforce_eager)
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     if lag:
-        half = max(1, len(cores) // 2)
+        torch.set_num_threads(len(cores))
+        half = share_cpu_threads(engine_config)  # as the grpo stage splits them: half to the engine's process
         engine = RolloutProcess(model_dir, engine_config, engine_threads=half)
         if not args.no_pin:  # the engine's process and the trainer: a core each
             os.sched_setaffinity(engine.pid, cores[:half])
             os.sched_setaffinity(0, cores[half:] or cores)
-        torch.set_num_threads(max(1, len(cores) - half))
         config = dataclasses.replace(config, max_staleness=lag, rollout_is_cap=2.0)
     else:
         from reasonrl.rollout import RolloutEngine
