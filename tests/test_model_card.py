@@ -2,13 +2,14 @@
 loads (``from_pretrained``, ``validate_model_dir``, vLLM), and the model's digest ignores it."""
 
 import hashlib
+import html
 import subprocess
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from reasonrl.config import EngineConfig, Params, from_dict
+from reasonrl.config import EngineConfig, Params, from_dict, load_params
 from reasonrl.model_card import changed_params, git_commit, render_card, route_sections
 from reasonrl.models import MODEL_CARD, model_digest, validate_model_dir
 from reasonrl.sft import BestCheckpoint, save_policy
@@ -109,6 +110,32 @@ def test_params_on_the_route_only_and_none_changed():
     card = render_card(params, "sft", "the best step", BestCheckpoint(), "step", [], "unknown")
     assert "## Params that differ from the defaults\n\nNone.\n" in card
     assert "- **Best validation accuracy:** no validation evaluation" in card
+
+
+def test_params_with_markup_stay_text_in_the_card(tmp_path):
+    """Values ``load_params`` accepts, with backticks, table pipes and HTML, stay text in the card as a CommonMark
+    renderer with GFM tables shows it: each value one code span in its own cell, no tag."""
+    from markdown_it import MarkdownIt  # CommonMark with tables; installed with dvc (through rich)
+
+    payload = "x`<img src=x onerror=alert(1)>` | injected | cell |"
+    name = "org/m`x|<b>y"
+    (tmp_path / "params.yaml").write_text(
+        f'model:\n  name: "{name}"\neval:\n  stop: ["</answer>", "{payload}"]\n', encoding="utf-8"
+    )
+    params = load_params(tmp_path / "params.yaml")
+    data = tmp_path / "a`b|c.jsonl"
+    data.write_text("{}\n")
+    card = render_card(params, "sft", "the best step", BestCheckpoint(), "step", [data], "unknown")
+    shown = MarkdownIt("commonmark").enable("table").render(card).replace("&#x27;", "'")
+
+    def row(*cells: str) -> str:
+        return "<tr>\n" + "".join(f"<td><code>{html.escape(cell, quote=False)}</code></td>\n" for cell in cells)
+
+    assert row("model.name", repr(name), repr("Qwen/Qwen2.5-Math-1.5B")) + "</tr>" in shown
+    assert row("eval.stop", repr(["</answer>", payload]), repr(["</answer>"])) + "</tr>" in shown
+    assert row(data.as_posix(), hashlib.sha256(data.read_bytes()).hexdigest()) + "</tr>" in shown
+    assert f"<strong>Base model:</strong> <code>{html.escape(name, quote=False)}</code>" in shown
+    assert "<img" not in shown and "<b>" not in shown and "injected</td>" not in shown
 
 
 @pytest.mark.slow

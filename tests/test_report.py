@@ -517,7 +517,8 @@ def test_markdown_shows_every_text_as_the_html_does(payload):
 
     from markdown_it import MarkdownIt  # CommonMark with tables; installed with dvc (through rich)
 
-    from reasonrl.report.document import Heading, Paragraph, Table, code
+    from reasonrl.markdown import code
+    from reasonrl.report.document import Heading, Paragraph, Table
 
     blocks = [
         Heading(2, f"{payload} heading"),

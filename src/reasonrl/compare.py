@@ -22,7 +22,8 @@ from typing import Any
 from reasonrl.cli import run_stage
 from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison
-from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, code, render_markdown, write_report
+from reasonrl.markdown import code
+from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, render_markdown, write_report
 from reasonrl.report.figures import Panel, plot_panels
 from reasonrl.report.inputs import (
     GRPO_EVALUATION_METRICS,

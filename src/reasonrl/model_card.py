@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from reasonrl.config import Params
+from reasonrl.markdown import code, md_inline
 
 if TYPE_CHECKING:
     from reasonrl.sft import BestCheckpoint
@@ -76,6 +77,11 @@ def validation_line(best: BestCheckpoint, unit: str) -> str:
     return f"{line} at {unit} {best.step}"
 
 
+def _row(*cells: str) -> str:
+    """A table row of code spans, escaped as the report escapes its tables (a param value may hold any text)."""
+    return "| " + " | ".join(md_inline(code(cell), in_table=True) for cell in cells) + " |"
+
+
 def render_card(
     params: Params,
     route: Route,
@@ -94,7 +100,7 @@ def render_card(
         "",
         f"Trained by the reasonrl pipeline: {ROUTE_NAMES[route]}; this directory holds {checkpoint}.",
         "",
-        f"- **Base model:** `{params.model.name}`",
+        f"- **Base model:** {code(params.model.name)}",
         f"- **Route:** {starts}",
         f"- **Best validation accuracy:** {validation_line(best, unit)}",
         "- **Test accuracy:** not known when the model was saved; the `final_eval` stage measures it later "
@@ -108,9 +114,9 @@ def render_card(
     changed = changed_params(params, ["data", "model", "rollout", "eval", "rewards", *sections])
     if changed:
         lines += ["| param | value | default |", "|---|---|---|"]
-        lines += [f"| `{name}` | `{value!r}` | `{default!r}` |" for name, value, default in changed]
+        lines += [_row(name, repr(value), repr(default)) for name, value, default in changed]
     else:
         lines.append("None.")
     lines += ["", "## Data (sha256)", "", "| file | sha256 |", "|---|---|"]
-    lines += [f"| `{path.as_posix()}` | `{file_sha256(path)}` |" for path in data_files]
+    lines += [_row(path.as_posix(), file_sha256(path)) for path in data_files]
     return "\n".join(lines) + "\n"

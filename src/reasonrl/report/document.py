@@ -1,10 +1,9 @@
 """The report as a document: blocks (headings, paragraphs, tables, figures, code) built once, rendered twice:
 Markdown that links the PNG files and a self-contained HTML page with the PNGs inline.
 
-Text in the blocks is plain but for code spans, marked as CommonMark marks them: a run of n backticks opens a span
-that the next run of exactly n closes (:func:`code` writes one around any text). The rest, model answers and
-params included, is escaped in both renderings: Markdown gets no HTML, links, emphasis or table cells from it, as
-HTML gets no tags.
+Text in the blocks is plain but for code spans, marked as CommonMark marks them (:mod:`reasonrl.markdown`, whose
+:func:`~reasonrl.markdown.code` writes one around any text). The rest, model answers and params included, is
+escaped in both renderings: Markdown gets no HTML, links, emphasis or table cells from it, as HTML gets no tags.
 """
 
 from __future__ import annotations
@@ -13,12 +12,13 @@ import base64
 import html
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 from reasonrl.atomic import atomic_directory, atomic_write_text
+from reasonrl.markdown import longest_backticks, md_escape, md_inline, spans
 
 
 @dataclass(frozen=True)
@@ -61,65 +61,12 @@ class Report:
     """PNG bytes by file name."""
 
 
-_BACKTICKS = re.compile(r"`+")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-# What Markdown would read as markup in text: HTML and entities, emphasis (but an underscore inside a word, as in
-# r1_zero, which CommonMark never reads as emphasis), code, table cells, headings, an inline link's "(" after "]"
-# (a reference link needs a definition, and a paragraph cannot start one: see _md_paragraph), and a backslash that
-# would escape the character after it. Each is written with a backslash, CommonMark's escape.
-_MD_SPECIAL = re.compile(r"[<>&*~`|#]|(?<![^\W_])_|_(?![^\W_])|(?<=\])\(|\\(?=[!-/:-@\[-`{-~]|$)")
 # At a paragraph's start: a list item, a thematic break, a link reference definition.
 _MD_BLOCK_START = re.compile(r"[-+\[]|\d{1,9}(?=[.)](?:\s|$))")
 
 
-def _longest_backticks(text: str) -> int:
-    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
-
-
-def code(text: str) -> str:
-    """``text`` as a code span, whatever backticks it holds: a fence longer than any run of them inside, and a space
-    on each side when it starts or ends with a backtick or a space (CommonMark strips one space on each side)."""
-    text = _LINE_BREAK.sub(" ", text)
-    fence = "`" * (_longest_backticks(text) + 1)
-    padded = text == "" or (text.strip(" ") != "" and (text[0] in "` " or text[-1] in "` "))
-    pad = " " if padded else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _spans(text: str) -> Iterator[tuple[str, bool]]:
-    """``text`` (line breaks read as spaces) as pieces of plain text and code spans' contents, ``(piece, is_code)``;
-    a run of backticks that nothing closes is plain text."""
-    text = _LINE_BREAK.sub(" ", text)
-    start = search = 0
-    while opening := _BACKTICKS.search(text, search):
-        width = len(opening[0])
-        closing = next((run for run in _BACKTICKS.finditer(text, opening.end()) if len(run[0]) == width), None)
-        if closing is None:
-            search = opening.end()
-            continue
-        yield text[start : opening.start()], False
-        content = text[opening.end() : closing.start()]
-        if content.startswith(" ") and content.endswith(" ") and content.strip(" "):
-            content = content[1:-1]
-        yield content, True
-        start = search = closing.end()
-    yield text[start:], False
-
-
-def _md_escape(text: str) -> str:
-    return _MD_SPECIAL.sub(lambda match: "\\" + match[0], text)
-
-
-def _md_inline(text: str, in_table: bool = False) -> str:
-    """Text in Markdown, escaped; in a table, a ``|`` in a code span is escaped too (GFM splits cells first)."""
-    return "".join(
-        (code(piece).replace("|", "\\|") if in_table else code(piece)) if is_code else _md_escape(piece)
-        for piece, is_code in _spans(text)
-    )
-
-
 def _md_paragraph(text: str) -> str:
-    rendered = _md_inline(text).lstrip()
+    rendered = md_inline(text).lstrip()
     if match := _MD_BLOCK_START.match(rendered):
         at = match.end() if match[0].isdigit() else 0  # "1." → "1\.", "-" → "\-"
         rendered = f"{rendered[:at]}\\{rendered[at:]}"
@@ -127,7 +74,7 @@ def _md_paragraph(text: str) -> str:
 
 
 def _fence(text: str) -> str:
-    return "`" * max(3, _longest_backticks(text) + 1)
+    return "`" * max(3, longest_backticks(text) + 1)
 
 
 def render_markdown(blocks: list[Block], figures_prefix: str = "figures") -> str:
@@ -135,19 +82,19 @@ def render_markdown(blocks: list[Block], figures_prefix: str = "figures") -> str
     parts = []
     for block in blocks:
         if isinstance(block, Heading):
-            parts.append(f"{'#' * block.level} {_md_inline(block.text)}")
+            parts.append(f"{'#' * block.level} {md_inline(block.text)}")
         elif isinstance(block, Paragraph):
             parts.append(_md_paragraph(block.text))
         elif isinstance(block, Table):
-            lines = ["| " + " | ".join(_md_inline(h, in_table=True) for h in block.headers) + " |"]
+            lines = ["| " + " | ".join(md_inline(h, in_table=True) for h in block.headers) + " |"]
             lines.append("|" + "---|" * len(block.headers))
-            lines += ["| " + " | ".join(_md_inline(c, in_table=True) for c in row) + " |" for row in block.rows]
+            lines += ["| " + " | ".join(md_inline(c, in_table=True) for c in row) + " |" for row in block.rows]
             parts.append("\n".join(lines))
         elif isinstance(block, Figure):
             # The caption as the image's alt text is plain text, as in the HTML's alt attribute.
-            alt = _md_escape(block.caption).replace("[", "\\[").replace("]", "\\]")
+            alt = md_escape(block.caption).replace("[", "\\[").replace("]", "\\]")
             url = quote(f"{figures_prefix}/{block.name}")
-            parts.append(f"![{alt}]({url})\n\n*{_md_inline(block.caption.strip())}*")
+            parts.append(f"![{alt}]({url})\n\n*{md_inline(block.caption.strip())}*")
         elif isinstance(block, Code):
             fence = _fence(block.text)
             parts.append(f"{fence}text\n{block.text}\n{fence}")
@@ -157,7 +104,7 @@ def render_markdown(blocks: list[Block], figures_prefix: str = "figures") -> str
 def _html_text(text: str) -> str:
     """Escaped text, its code spans in <code>."""
     return "".join(
-        f"<code>{html.escape(piece)}</code>" if is_code else html.escape(piece) for piece, is_code in _spans(text)
+        f"<code>{html.escape(piece)}</code>" if is_code else html.escape(piece) for piece, is_code in spans(text)
     )
 
 
