@@ -1,19 +1,32 @@
-"""The report's figures as PNG bytes (matplotlib without pyplot: no global state, no display)."""
+"""The report's figures as PNG bytes (matplotlib without pyplot: no global state, no display).
+
+A curve's label is drawn as written (:func:`_literal`): it may be a name users chose, an experiment's, which DVC
+allows to hold a ``$`` or start with ``_``."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reasonrl.report.tables import CATEGORIES, accuracy_interval, interval_name, percent
+
+if TYPE_CHECKING:
+    from matplotlib.lines import Line2D
 
 
 def _png(figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     return buffer.getvalue()
+
+
+def _literal(text: str) -> str:
+    """``text`` as matplotlib shows it literally: each ``$`` escaped, since an even number of them would be read as
+    mathtext (and an unbalanced brace in it fail the drawing). Matplotlib drops the escape's backslash when it draws,
+    and only that one (``a\\$b`` is drawn as written too)."""
+    return text.replace("$", "\\$")
 
 
 def _figure(rows: int, columns: int, width: float, height: float):
@@ -73,19 +86,24 @@ class Series:
 
 def _draw_curves(
     axes, title: str, xlabel: str, ylabel: str, curves: Mapping[str | None, list[tuple[float, float]]], integer_x: bool
-) -> None:
-    """Line plots of ``curves`` on one panel, each labelled by its key (None: no legend entry)."""
+) -> list[Line2D]:
+    """Line plots of ``curves`` on one panel, each labelled by its key (None: no legend entry); the labelled lines."""
     from matplotlib.ticker import MaxNLocator
 
+    labelled = []
     for label, points in curves.items():
         xs, ys = zip(*points, strict=True)
-        axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3, label=label)
+        (line,) = axes.plot(xs, ys, linewidth=1, marker="o" if len(xs) <= 30 else None, markersize=3)
+        if label is not None:
+            line.set_label(_literal(label))
+            labelled.append(line)
     axes.set_title(title)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
     if integer_x:
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return labelled
 
 
 def plot_grid(rows: list[list[Series]], suptitle: str) -> bytes:
@@ -117,11 +135,12 @@ def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
     """One row of panels, each with its curves overlaid and a legend; a panel without curves is left empty."""
     figure, [row] = _figure(1, len(panels), 4.6 * len(panels), 3.6)
     for panel, axes in zip(panels, row, strict=True):
-        _draw_curves(axes, panel.title, panel.xlabel, panel.ylabel, panel.curves, integer_x=True)
+        lines = _draw_curves(axes, panel.title, panel.xlabel, panel.ylabel, panel.curves, integer_x=True)
         xs = {x for points in panel.curves.values() for x, _ in points}
         if len(xs) == 1:  # one round: the integer locator would still tick fractions around it
             axes.set_xticks(sorted(xs))
-        if panel.curves:
-            axes.legend(fontsize="small")
+        if lines:
+            # Lines and labels given, not collected: collecting leaves out each label that starts with "_".
+            axes.legend(lines, [line.get_label() for line in lines], fontsize="small")
     figure.suptitle(suptitle)
     return _png(figure)
