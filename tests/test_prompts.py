@@ -3,6 +3,7 @@ wherever a prompt is formatted, and a chat prompt refused, naming the param and 
 no chat template."""
 
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from transformers import AutoTokenizer
@@ -62,6 +63,58 @@ def test_a_malformed_chat_prompt_names_the_file_and_line(text, message):
 
 def test_a_plain_prompt_is_its_text_filled_in():
     assert parse_prompt("p", "[not a header] {question}", "p.prompt").render("q", tokenizer=None) == "[not a header] q"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", r"x.prompt: a plain template needs \{question\} once, where the question goes; it has none"),
+        ("User: {questions}\nAssistant:", r"x.prompt:1: \{questions\} is no placeholder; the one placeholder is"),
+        ("Q: { question }", r"x.prompt:1: \{ question \} is no placeholder"),
+        ("no placeholder\nat all", r"x.prompt: a plain template needs \{question\} once"),
+        ("{question}\nand again:\n{question}", r"x.prompt:3: \{question\} must stand once in a plain template"),
+        ("[user]\n{question}\n[assistant]\n{answer}", r"x.prompt:4: \{answer\} is no placeholder"),
+        ("[ system ]\nhi\n[user]\n{question}", r"x.prompt:1: '\[ system \]' looks like a turn header but is not"),
+        ("\n[system] Solve it.\n[user]\n{question}", r"x.prompt:2: '\[system\] Solve it.' looks like a turn header"),
+        ("[system]\nhi\n[ user]\n{question}", r"x.prompt:3: '\[ user\]' looks like a turn header"),
+    ],
+)
+def test_a_template_that_would_mislead_the_model_names_the_file_and_line(text, message):
+    """A template that renders the same prompt for every question, or sends a would-be header to the model as text."""
+    with pytest.raises(PromptError, match=f"^{message}"):
+        parse_prompt("x", text, "x.prompt")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\ufeff[system]\nhi\n[user]\n{question}",  # a UTF-8 byte order mark, as some editors write one
+        "\n\n[system]\nhi\n[user]\n{question}",
+        "[system] \nhi\n[user]\t\n{question}\n",
+    ],
+)
+def test_a_chat_prompt_is_read_whatever_its_bom_blank_lines_and_trailing_spaces(text, tiny_tokenizer):
+    prompt = parse_prompt("x", text, "x.prompt")
+    assert prompt.turns == (("system", "hi"), ("user", "{question}"))
+    assert "[system]" not in prompt.render("q", tiny_tokenizer)
+
+
+def test_a_plain_template_keeps_other_braces_and_loses_its_bom():
+    text = '\ufeffSolve {question}; answer in \\boxed{answer}; JSON: {"a": 1}, set {}.'
+    prompt = parse_prompt("p", text, "p.prompt")
+    assert prompt.render("q", tokenizer=None) == 'Solve q; answer in \\boxed{answer}; JSON: {"a": 1}, set {}.'
+
+
+@pytest.mark.parametrize("name", ["r1_zero", "question_only", "r1_zero_chat"])
+def test_a_bad_template_file_is_named_before_any_model_loads(name, tmp_path, monkeypatch, no_template_dir):
+    """A user's template (a file in the prompts package) is checked where every stage first reads its prompt: the
+    training stages' start, before the engine or the policy loads; the error names the file."""
+    import reasonrl.prompts
+
+    (tmp_path / f"{name}.prompt").write_text("User: {questions}\nAssistant:", encoding="utf-8")
+    monkeypatch.setattr(reasonrl.prompts, "resources", SimpleNamespace(files=lambda package: tmp_path))
+    with pytest.raises(PromptError, match=f"^{tmp_path / name}.prompt:1: \\{{questions\\}} is no placeholder"):
+        start_training(no_template_dir, GRPOConfig(prompt=name), "grpo", rollout=None)
 
 
 @pytest.fixture(scope="module")

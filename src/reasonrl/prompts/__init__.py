@@ -11,9 +11,13 @@ and ``[assistant]`` header lines, rendered through the tokenizer's chat template
     [assistant]
     <think>
 
-``{question}`` stands once, in the last user turn. A final ``[assistant]`` turn is the fixed start of every answer,
-written after the template's generation prompt; earlier user/assistant turns (worked examples) go to the template
-as they are. A turn's text is its lines, blank lines around it dropped.
+``{question}`` stands once: in a plain template anywhere, in a chat prompt in the last user turn; no other
+``{word}`` stands in either (a typo such as ``{questions}`` would render the same prompt for every question). A final
+``[assistant]`` turn is the fixed start of every answer, written after the template's generation prompt; earlier
+user/assistant turns (worked examples) go to the template as they are. A turn's text is its lines, blank lines
+around it dropped. A UTF-8 byte order mark, blank lines before the first header and spaces around a header are
+ignored; a line that looks meant as a header but is not one (``[ user ]``, ``[system] text``) is an error, not text
+for the model.
 """
 
 from __future__ import annotations
@@ -50,7 +54,12 @@ ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
 """Each prompt's answer as a canonical number string (the reward function's reading of it), for majority votes."""
 ROLES = ("system", "user", "assistant")
 _HEADER = re.compile(r"\[(\w+)\]")
+# What a writer meant as a header: a role in brackets at the line's start, however spaced or cased, or a bracketed
+# word alone on its line ("[Note] Solve it" in a plain template is text).
+_HEADER_LIKE = re.compile(r"\s*\[\s*(?:(?i:system|user|assistant)\s*\]|\w+\s*\]\s*$)")
 PLACEHOLDER = "{question}"
+# A braced word not glued to a word or a backslash: a would-be placeholder, where "\boxed{answer}" is LaTeX.
+_PLACEHOLDER_LIKE = re.compile(r"(?<![\w\\])\{\s*\w+\s*\}")
 
 
 class PromptError(UserError, ValueError):
@@ -86,19 +95,32 @@ class Prompt:
 
 
 def parse_prompt(name: str, text: str, source: str) -> Prompt:
-    """Parse a template; a chat prompt is one whose first line is a turn header. Errors name ``source``:line."""
+    """Parse a template; a chat prompt is one whose first non-blank line is a turn header. Errors name
+    ``source``:line."""
+    text = text.removeprefix("\ufeff")
     lines = text.splitlines()
-    if not lines or not _HEADER.fullmatch(lines[0]):
-        return Prompt(name, text)
-    turns: list[tuple[str, int, list[str]]] = []  # role, header line number, text lines
     for number, line in enumerate(lines, start=1):
-        header = _HEADER.fullmatch(line)
+        for found in _PLACEHOLDER_LIKE.findall(line):
+            if found != PLACEHOLDER:
+                raise PromptError(f"{source}:{number}: {found} is no placeholder; the one placeholder is {PLACEHOLDER}")
+    first = next((number for number, line in enumerate(lines, start=1) if line.strip()), None)
+    if first is None or not _HEADER_LIKE.match(lines[first - 1]):
+        return _plain_prompt(name, text, lines, source)
+    turns: list[tuple[str, int, list[str]]] = []  # role, header line number, text lines
+    for number, line in enumerate(lines[first - 1 :], start=first):
+        header = _HEADER.fullmatch(line.strip())
+        if header is None and _HEADER_LIKE.match(line):
+            raise PromptError(
+                f"{source}:{number}: {line.strip()!r} looks like a turn header but is not one; a header is [system], "
+                "[user] or [assistant] alone on its line"
+            )
         if header is None:
             turns[-1][2].append(line)
             continue
         if header.group(1) not in ROLES:
             raise PromptError(
-                f"{source}:{number}: unknown turn {line}; a chat prompt's turns are [system], [user] and [assistant]"
+                f"{source}:{number}: unknown turn {line.strip()}; a chat prompt's turns are [system], [user] and "
+                "[assistant]"
             )
         turns.append((header.group(1), number, []))
     parsed = [(role, number, "\n".join(body).strip("\n")) for role, number, body in turns]
@@ -115,6 +137,19 @@ def parse_prompt(name: str, text: str, source: str) -> Prompt:
             raise PromptError(f"{source}:{number}: {PLACEHOLDER} must stand {where}")
     prefix = parsed.pop()[2] if parsed[-1][0] == "assistant" else ""
     return Prompt(name, text, tuple((role, body) for role, _, body in parsed), prefix)
+
+
+def _plain_prompt(name: str, text: str, lines: list[str], source: str) -> Prompt:
+    """A plain template: its text, which must hold :data:`PLACEHOLDER` once."""
+    holding = [number for number, line in enumerate(lines, start=1) for _ in range(line.count(PLACEHOLDER))]
+    if not holding:
+        raise PromptError(
+            f"{source}: a plain template needs {PLACEHOLDER} once, where the question goes; it has none (every "
+            "question would get the same prompt)"
+        )
+    if len(holding) > 1:
+        raise PromptError(f"{source}:{holding[1]}: {PLACEHOLDER} must stand once in a plain template; again here")
+    return Prompt(name, text)
 
 
 def load_prompt(name: str) -> Prompt:
