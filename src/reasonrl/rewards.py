@@ -3,10 +3,11 @@ user's ``rewards.<module>:<function>`` from the ``rewards/`` package at the root
 
 Params name one per prompt (``rewards.<prompt>``); every stage that grades that prompt's responses resolves it with
 :func:`prompt_reward` (which checks every result as it is computed), so a user's reward replaces the built-in
-wherever the prompt is used. A user's function has the built-ins' contract: ``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, floats, where a
-``reward`` of 1.0 means right (accuracy, the SFT filter and expert iteration count those) and ``format_reward`` 1.0
-well-formed (the format rate). Majority votes keep reading the prompt's built-in answer function
-(:data:`reasonrl.prompts.ANSWER_FNS`): it says which number a response states, the reward says whether that is right.
+wherever the prompt is used. A user's function has the built-ins' contract:
+``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, floats, where a ``reward`` of 1.0
+means right (accuracy, the SFT filter and expert iteration count those) and ``format_reward`` 1.0 well-formed (the
+format rate). Majority votes keep reading the prompt's built-in answer function (:data:`reasonrl.prompts.ANSWER_FNS`):
+it says which number a response states, the reward says whether that is right.
 
 The package is loaded from this tree's ``rewards/`` by file location, never found on ``sys.path``: a queued DVC
 experiment runs in a copy of the repository, and its reward must be the copy's (the one its dvc.yaml deps hash),
