@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import yaml
 from pipeline_repo import EXAMPLE_DATA, EXAMPLE_FIELDS, EXAMPLE_SHA256
 
 from reasonrl.config import ConfigError
-from reasonrl.data import DataFormatError, download_gsm8k, load_gsm8k, resolve_source, split_train_val
+from reasonrl.data import DataFormatError, gsm8k_lines, load_gsm8k, resolve_source, split_train_val, write_data
 from reasonrl.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,11 +24,25 @@ OFFICIAL = {
 }
 
 
+CAP = 10**9
+
+
+def download_gsm8k(source: str, sha256: dict[str, str], val_size: int, split_seed: int, out_dir: Path):
+    """GSM8K from ``source`` into ``out_dir`` as the download stage writes it (no test sets, beside it)."""
+    train, test = (partial(gsm8k_lines, source, sha256[split], split, CAP) for split in ("train", "test"))
+    return write_data(train, test, {}, val_size, split_seed, out_dir, out_dir.parent / "test_sets")
+
+
 def test_mirror_download_verifies_and_splits(gsm8k_mirror, tmp_path):
     out = tmp_path / "gsm8k"
-    counts = download_gsm8k(str(gsm8k_mirror), OFFICIAL, val_size=500, split_seed=0, out_dir=out)
-    assert counts == {"train": 6973, "val": 500, "test": 1319}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k"]  # no staging directory left
+    written = download_gsm8k(str(gsm8k_mirror), OFFICIAL, val_size=500, split_seed=0, out_dir=out)
+    assert written.counts == {"train": 6973, "val": 500, "test": 1319}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k", "test_sets"]  # no staging directory left
+    # The split as the in-memory split made it: the same shuffle.
+    lines = (gsm8k_mirror / "train.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
+    train, val = split_train_val(lines, 500, 0)
+    assert (out / "train.jsonl").read_text(encoding="utf-8") == "".join(line + "\n" for line in train)
+    assert (out / "val.jsonl").read_text(encoding="utf-8") == "".join(line + "\n" for line in val)
     train, val = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "val.jsonl")
     assert not {e.question for e in train} & {e.question for e in val}
     original = (gsm8k_mirror / "train.jsonl").read_text().splitlines()
