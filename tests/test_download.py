@@ -183,3 +183,63 @@ def test_a_bad_test_set_stops_the_download_in_one_line_and_leaves_nothing(
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert re.search(message, result.stderr), result.stderr
     assert not out.exists() and not (tmp_path / "test_sets").exists()
+
+
+# Issue 29: own data streamed (memory flat in file size), a cap on URL downloads, held-out questions found in train.
+
+FIELDS = {"question_field": "question", "answer_field": "answer", "answer_format": "gsm8k"}
+
+
+def write_own(path: Path, megabytes: float, first: int = 0, questions: dict[int, str] | None = None) -> str:
+    """A GSM8K-style file of about ``megabytes`` (lines of ~4 KB of reasoning), written in chunks; its SHA-256."""
+    reasoning = "Tom counts 2 + 3 = <<2+3=5>>5 apples again. " * 90
+    lines, size, number = [], 0, first
+    with path.open("w", encoding="utf-8") as out:
+        while size < megabytes * 1e6:
+            question = (questions or {}).get(number, f"Problem {number}: how many apples does Tom have?")
+            lines.append(json.dumps({"question": question, "answer": f"{reasoning}\n#### 5"}) + "\n")
+            size, number = size + len(lines[-1]), number + 1
+            if len(lines) == 1000:
+                out.writelines(lines)
+                lines = []
+        out.writelines(lines)
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def own_params(tmp_path: Path, full_scale_params: str, files: dict[str, tuple[str, str]], **data: object) -> Path:
+    tree = yaml.safe_load(full_scale_params)
+    tree["data"] |= {"name": "jsonl", "val_size": 5, **data}
+    tree["data"]["jsonl"] = {split: {"path": path, "sha256": sha} for split, (path, sha) in files.items()} | FIELDS
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+# VmHWM: the peak of this process's own memory map (ru_maxrss would also count the parent's, from before the exec).
+PEAK = (
+    "import re, runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+    "print(re.search(r'VmHWM:.*', open('/proc/self/status').read()).group(), file=sys.stderr)"
+)
+
+
+def test_own_data_is_converted_in_memory_flat_in_the_file_size(tmp_path, full_scale_params):
+    """The stage's peak resident memory on a 20 MB and an 80 MB train file: the same within a few MB (it read each
+    file whole, four copies at once, before)."""
+    peaks = {}
+    test = (str(tmp_path / "test.jsonl"), write_own(tmp_path / "test.jsonl", 0.1, first=10**6))
+    for megabytes in (20, 80):
+        train = tmp_path / f"train{megabytes}.jsonl"
+        params = own_params(
+            tmp_path, full_scale_params, {"train": (str(train), write_own(train, megabytes)), "test": test}
+        )
+        out = tmp_path / f"out{megabytes}"
+        command = [sys.executable, "-c", PEAK, "stages/download.py", "--params", str(params), "--out", str(out)]
+        command += ["--test-sets", str(tmp_path / f"sets{megabytes}")]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        peaks[megabytes] = int(re.search(r"VmHWM:\s*(\d+) kB", result.stderr).group(1)) / 1024
+        assert (out / "train.jsonl").stat().st_size + (out / "val.jsonl").stat().st_size > megabytes * 1e6 * 0.9
+        train.unlink()
+    assert peaks[80] - peaks[20] < 8, peaks  # MiB: 60 MB more of file
