@@ -43,7 +43,7 @@ def gsm8k_mirror(request):
         for split in SPLITS:
             location, partial = f"{defaults.url}/{split}.jsonl", cache / f"{split}.jsonl.part"
             try:
-                download(location, partial, defaults.max_download_bytes, "offline")
+                download(location, partial, defaults.max_download_bytes, "is this machine offline?")
             except DataFormatError as error:
                 pytest.skip(f"GSM8K not reachable ({error}); set ${MIRROR_ENV_VAR} to a directory with its files")
             verify_sha256(partial, defaults.sha256[split], location, f"data.sha256.{split}")

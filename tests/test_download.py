@@ -1,11 +1,13 @@
 """download stage: checksum, validation, train/val split, a user's own data, and no output left behind on failure."""
 
 import hashlib
+import http.server
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -13,9 +15,19 @@ import pytest
 import yaml
 from pipeline_repo import EXAMPLE_DATA, EXAMPLE_FIELDS, EXAMPLE_SHA256
 
-from reasonrl.config import ConfigError
-from reasonrl.data import DataFormatError, gsm8k_lines, load_gsm8k, resolve_source, split_train_val, write_data
+from reasonrl.config import ConfigError, load_params
+from reasonrl.data import (
+    DataFormatError,
+    JsonlFields,
+    gsm8k_lines,
+    jsonl_file_lines,
+    load_gsm8k,
+    resolve_source,
+    split_train_val,
+    write_data,
+)
 from reasonrl.errors import UserError
+from reasonrl.presets import apply_to_file
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL = {
@@ -243,3 +255,83 @@ def test_own_data_is_converted_in_memory_flat_in_the_file_size(tmp_path, full_sc
         assert (out / "train.jsonl").stat().st_size + (out / "val.jsonl").stat().st_size > megabytes * 1e6 * 0.9
         train.unlink()
     assert peaks[80] - peaks[20] < 8, peaks  # MiB: 60 MB more of file
+
+
+class Files(http.server.SimpleHTTPRequestHandler):
+    """Serves a directory; under ``/unannounced/`` without a Content-Length (the body ends when the connection
+    closes), as some servers send."""
+
+    def do_GET(self) -> None:
+        if not self.path.startswith("/unannounced/"):
+            return super().do_GET()
+        body = Path(self.translate_path(self.path.removeprefix("/unannounced"))).read_bytes()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A directory served over HTTP on localhost from a thread, and its URL."""
+    directory = tmp_path / "www"
+    directory.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Files, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield directory, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_url_larger_than_data_max_download_bytes_is_refused_and_leaves_the_outputs(served, tmp_path):
+    directory, url = served
+    sha256 = {"train": write_own(directory / "train.jsonl", 0.3), "test": write_own(directory / "test.jsonl", 0.02)}
+    fields = JsonlFields(**FIELDS)
+
+    def splits(base: str, cap: int) -> list[partial]:
+        return [
+            partial(jsonl_file_lines, f"{base}/{split}.jsonl", sha256[split], fields, f"data.jsonl.{split}", cap)
+            for split in ("train", "test")
+        ]
+
+    out, sets = tmp_path / "gsm8k", tmp_path / "test_sets"
+    assert write_data(*splits(url, 10**6), {}, 5, 0, out, sets).counts["val"] == 5  # under the cap: as a local file
+    before = (out / "train.jsonl").read_bytes()
+    for base, how in ((url, r"it announces \d+"), (f"{url}/unannounced", "more arrived")):
+        message = rf"^{re.escape(base)}/train.jsonl: larger than data.max_download_bytes = 100000 bytes \({how}\); "
+        with pytest.raises(DataFormatError, match=message + "raise data.max_download_bytes to download it$"):
+            write_data(*splits(base, 100_000), {}, 5, 0, out, sets)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k", "test_sets", "www"]  # no download left
+        assert (out / "train.jsonl").read_bytes() == before
+
+
+def test_max_download_bytes_is_validated(params_file):
+    apply_to_file({"data.max_download_bytes": 0}, params_file)
+    with pytest.raises(ConfigError, match=r"data.max_download_bytes: must be ≥ 1, got 0$"):
+        load_params(params_file)
+
+
+def test_held_out_questions_asked_in_the_train_file_are_counted_in_a_warning(tmp_path, full_scale_params):
+    """Compared ignoring case and spacing: the test file asks 2 of the training questions, the extra test set is the
+    train file itself."""
+    train = (str(tmp_path / "train.jsonl"), write_own(tmp_path / "train.jsonl", 0.05))
+    asked = {
+        10**6: "  PROBLEM 3:  how many APPLES does tom have?",
+        10**6 + 1: "Problem 7: how many apples does Tom have?",
+    }
+    test = (str(tmp_path / "test.jsonl"), write_own(tmp_path / "test.jsonl", 0.02, first=10**6, questions=asked))
+    params = own_params(tmp_path, full_scale_params, {"train": train, "test": test})
+    tree = yaml.safe_load(params.read_text())
+    tree["eval"]["test_sets"] = [{"name": "copy", "path": train[0], "sha256": train[1]} | FIELDS]
+    params.write_text(yaml.safe_dump(tree, sort_keys=False))
+    result = run_download(params, tmp_path / "gsm8k")
+    assert result.returncode == 0, result.stderr
+    assert "train 8, val 5, test 5, test set copy 13" in result.stdout
+    assert result.stderr.splitlines() == [
+        f"warning: {count} of the {size} {name} questions are asked in the train file too (compared ignoring case and "
+        "spacing): their scores measure recall more than reasoning"
+        for count, size, name in ((2, 5, "test"), (13, 13, "test set copy"))
+    ]
