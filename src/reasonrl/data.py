@@ -7,7 +7,8 @@ every later stage reads one format.
 
 The download stage streams: each file is hashed in chunks, then read, validated, converted and written a line at a
 time, so its memory does not grow with the file (a URL is downloaded in chunks beside the outputs first, at most
-``data.max_download_bytes``). Only the train/val shuffle holds one 4-byte index per train line.
+``data.max_download_bytes``). What grows with the data is small: the train/val shuffle's index (4 bytes a train
+line) and a 16-byte key per held-out question (the check for test questions asked in train).
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def gsm8k_lines(source: str, sha256: str, split: str, max_bytes: int, scratch: P
 
 
 def given_lines(lines: Iterable[str], scratch: Path) -> Lines:
-    """Lines made in memory (the synthetic set) with their questions."""
+    """Lines made in memory (the synthetic set) with their questions; ``scratch`` unused (no download)."""
     for line in lines:
         yield line, json.loads(line)["question"]
 
