@@ -177,9 +177,7 @@ class DataConfig:
                 file = getattr(self.jsonl, split)
                 _check_jsonl_file(file.path, file.sha256, f"data.jsonl.{split}", "with data.name: jsonl")
         _require(self.val_size >= 1, "data.val_size", f"must be ≥ 1, got {self.val_size}")
-        _require(
-            self.max_download_bytes >= 1, "data.max_download_bytes", f"must be ≥ 1, got {self.max_download_bytes}"
-        )
+        _require(self.max_download_bytes >= 1, "data.max_download_bytes", f"must be ≥ 1, got {self.max_download_bytes}")
         # GSM8K's train size is known once the download stage has read the file (it checks there).
         _require(
             self.name != "arithmetic" or self.val_size < self.arithmetic.train_size,
