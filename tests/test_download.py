@@ -325,13 +325,13 @@ def test_held_out_questions_asked_in_the_train_file_are_counted_in_a_warning(tmp
     test = (str(tmp_path / "test.jsonl"), write_own(tmp_path / "test.jsonl", 0.02, first=10**6, questions=asked))
     params = own_params(tmp_path, full_scale_params, {"train": train, "test": test})
     tree = yaml.safe_load(params.read_text())
-    tree["eval"]["test_sets"] = [{"name": "copy", "path": train[0], "sha256": train[1]} | FIELDS]
+    tree["eval"]["test_sets"] = [{"name": "test", "path": train[0], "sha256": train[1]} | FIELDS]  # no clash
     params.write_text(yaml.safe_dump(tree, sort_keys=False))
     result = run_download(params, tmp_path / "gsm8k")
     assert result.returncode == 0, result.stderr
-    assert "train 8, val 5, test 5, test set copy 13" in result.stdout
+    assert "train 8, val 5, test 5, test set test 13" in result.stdout
     assert result.stderr.splitlines() == [
         f"warning: {count} of the {size} {name} questions are asked in the train file too (compared ignoring case and "
         "spacing): their scores measure recall more than reasoning"
-        for count, size, name in ((2, 5, "test"), (13, 13, "test set copy"))
+        for count, size, name in ((2, 5, "test"), (13, 13, "test set test"))
     ]

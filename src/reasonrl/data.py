@@ -303,7 +303,7 @@ def write_data(
     with atomic_directory(out_dir) as staging, atomic_directory(test_sets_dir) as sets_staging:
         held_out = {"test": write_lines(test(staging), staging / "test.jsonl")}
         for name, lines in test_sets.items():
-            held_out[name] = write_lines(lines(sets_staging), sets_staging / f"{name}.jsonl")
+            held_out[f"test set {name}"] = write_lines(lines(sets_staging), sets_staging / f"{name}.jsonl")
         unsplit = staging / ".train.unsplit"
         seen: dict[str, set[bytes]] = {name: set() for name in held_out}
         count = 0
@@ -324,10 +324,9 @@ def write_data(
             for index, line in enumerate(lines):
                 (val_out if index in chosen else train_out).write(line)
         unsplit.unlink()
-        labels = {"test": "test"} | {name: f"test set {name}" for name in test_sets}
         written.counts = {"train": count - len(chosen), "val": len(chosen)}
-        written.counts |= {labels[name]: keys.total() for name, keys in held_out.items()}
-        written.in_train = {labels[name]: sum(held_out[name][key] for key in seen[name]) for name in held_out}
+        written.counts |= {name: keys.total() for name, keys in held_out.items()}
+        written.in_train = {name: sum(keys[key] for key in seen[name]) for name, keys in held_out.items()}
     return written
 
 
