@@ -220,7 +220,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)  # before the engine starts: its OpenMP kernels share torch's threads
     data = DataConfig()  # the official files, checksum-verified: from $GSM8K_MIRROR when set, else downloaded
-    examples = parse_lines(fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256)["train"], "GSM8K train")
+    splits = fetch_verified_gsm8k(resolve_source(None, data.url), data.sha256, data.max_download_bytes)
+    examples = parse_lines(splits["train"], "GSM8K train")
     questions = examples[: args.questions]
     config = GRPOConfig(
         learning_rate=args.learning_rate,

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
-from reasonrl.cot_filter import DROP_REASONS, make_sft_pairs
+from reasonrl.cot_filter import drop_counts, make_sft_pairs, require_kept
 from reasonrl.data import load_gsm8k
 from reasonrl.prompts import check_prompt
 
@@ -38,23 +38,22 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     check_prompt(prompt, "sft.prompt", tokenizer, args.model)
     pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"), prompt, tokenizer, params.rewards.specs)
+    require_kept(pairs, prompt, params.rewards.specs)
 
     full = [{"prompt": pair.prompt, "response": pair.response} for pair in pairs]
     filtered = [record for record, pair in zip(full, pairs, strict=True) if pair.drop_reason is None]
+    kept = [pair for pair in pairs if pair.drop_reason is None]
+    stats = {
+        "examples": len(pairs),
+        "kept": len(kept),
+        "dropped": drop_counts(pairs),
+        "prompt_tokens": length_stats([len(tokenizer(p.prompt)["input_ids"]) for p in kept]),
+        "response_tokens": length_stats([len(tokenizer(p.response)["input_ids"]) for p in kept]),
+    }
     with atomic_directory(args.out) as staging:
         atomic_write_jsonl(staging / "full.jsonl", full)
         atomic_write_jsonl(staging / "filtered.jsonl", filtered)
-    kept = [pair for pair in pairs if pair.drop_reason is None]
-    atomic_write_json(
-        args.stats,
-        {
-            "examples": len(pairs),
-            "kept": len(kept),
-            "dropped": {reason: sum(pair.drop_reason == reason for pair in pairs) for reason in DROP_REASONS},
-            "prompt_tokens": length_stats([len(tokenizer(p.prompt)["input_ids"]) for p in kept]),
-            "response_tokens": length_stats([len(tokenizer(p.response)["input_ids"]) for p in kept]),
-        },
-    )
+    atomic_write_json(args.stats, stats)
     print(f"SFT pairs: {len(full)} full, {len(filtered)} filtered")
 
 

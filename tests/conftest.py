@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl.config import DataConfig, TinyModelSpec
-from reasonrl.data import MIRROR_ENV_VAR, SPLITS, DataFormatError, fetch, verify_sha256
+from reasonrl.data import MIRROR_ENV_VAR, SPLITS, DataFormatError, download, verify_sha256
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 TOKENIZER_TEXTS = [
@@ -41,13 +41,12 @@ def gsm8k_mirror(request):
     if not all((cache / f"{split}.jsonl").is_file() for split in SPLITS):
         defaults = DataConfig()
         for split in SPLITS:
+            location, partial = f"{defaults.url}/{split}.jsonl", cache / f"{split}.jsonl.part"
             try:
-                content, location = fetch(defaults.url, split)
+                download(location, partial, defaults.max_download_bytes, "is this machine offline?")
             except DataFormatError as error:
                 pytest.skip(f"GSM8K not reachable ({error}); set ${MIRROR_ENV_VAR} to a directory with its files")
-            verify_sha256(content, defaults.sha256[split], location, f"data.sha256.{split}")
-            partial = cache / f"{split}.jsonl.part"
-            partial.write_bytes(content)
+            verify_sha256(partial, defaults.sha256[split], location, f"data.sha256.{split}")
             partial.replace(cache / f"{split}.jsonl")  # whole files only: a killed download leaves a .part
     return cache
 

@@ -1,6 +1,12 @@
 """Reference CoTs as SFT pairs, and the calculator-annotation check that filters them."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +20,11 @@ from reasonrl.cot_filter import (
 )
 from reasonrl.data import GSM8KExample, parse_lines
 from reasonrl.grading import r1_zero_reward_fn
+from reasonrl.presets import apply_to_file
 from reasonrl.synthetic import arithmetic_lines
+
+REPO = Path(__file__).resolve().parents[1]
+NO_REASONING = '{"question": "What is 2 + 2?", "answer": "#### 4"}\n'
 
 
 def test_reference_response_strips_annotations_and_closes_with_the_answer():
@@ -82,3 +92,41 @@ def test_synthetic_arithmetic_is_deterministic_valid_and_correct():
             assert evaluate_arithmetic(expression) == int(rest.split()[0])
         assert steps[-1].split(" = ")[1].split()[0] == example.answer
         assert int(example.answer) >= 0
+
+
+NEVER = """
+def reward(response, ground_truth):
+    return {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}
+"""
+
+
+def test_a_reward_that_keeps_nothing_stops_filter_cots_before_it_writes(tmp_path, tiny_model_dir, full_scale_params):
+    """The stage in a tree whose reward rejects every reference CoT, after a run with the built-in: one line naming
+    the reward and the counts, and that run's data/sft and stats as they were."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("stages", "src/reasonrl", "rewards"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=ignore)
+    (tmp_path / "rewards/never.py").write_text(NEVER)
+    params = tmp_path / "params.yaml"
+    params.write_text(full_scale_params, encoding="utf-8")
+    (tmp_path / "data/gsm8k").mkdir(parents=True)
+    lines = arithmetic_lines(6, seed=0, max_steps=2, max_value=9)
+    (tmp_path / "data/gsm8k/train.jsonl").write_text("".join(line + "\n" for line in lines[:5]) + NO_REASONING)
+    command = [
+        sys.executable, "stages/filter_cots.py", "--params", "params.yaml", "--data", "data/gsm8k",
+        "--model", str(tiny_model_dir), "--out", "data/sft", "--stats", "stats.json",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
+    subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    before = {path: path.read_bytes() for path in (tmp_path / "data/sft/filtered.jsonl", tmp_path / "stats.json")}
+    assert json.loads(before[tmp_path / "stats.json"])["kept"] == 5
+
+    apply_to_file({"rewards.r1_zero": "rewards.never:reward", "sft.prompt": "r1_zero"}, params)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: none of the 6 reference CoTs is kept (dropped 5 by reward, 1 by no_reasoning); the reward is "
+        "rewards.r1_zero = rewards.never:reward, which must give reward 1.0 to a right, well-formed response"
+    )
+    assert {path: path.read_bytes() for path in before} == before
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["gsm8k", "sft"]  # no temporary left

@@ -82,8 +82,8 @@ BOXED = JsonlFields("problem", "solution", "boxed")
     ],
 )  # fmt: skip
 def test_own_records_become_gsm8k_lines_with_the_fields_mapped(fields, record, reasoning, answer):
-    line = convert_record(json.dumps(record), fields, "own.jsonl", 1)
-    assert parse_record(line) == GSM8KExample("Q?", reasoning, answer)
+    line, question = convert_record(json.dumps(record), fields, "own.jsonl", 1)
+    assert parse_record(line) == GSM8KExample("Q?", reasoning, answer) and question == "Q?"
     assert set(json.loads(line)) == {"question", "answer"}
 
 

@@ -20,7 +20,7 @@ from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
 from reasonrl.pipeline import CODE_FROM_TREE, read_pipeline
 from reasonrl.presets import apply_to_file
 from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
-from reasonrl.rewards import RewardSpecError, check_reward, prompt_reward, reward_fn
+from reasonrl.rewards import RewardError, RewardSpecError, check_reward, prompt_reward, reward_fn
 from reasonrl.rollout import Sample
 from reasonrl.sft import Pair
 
@@ -39,7 +39,8 @@ def with_rewards(params_file: Path, **specs: str) -> Path:
 
 def test_each_prompt_defaults_to_its_built_in_reward(params_file):
     assert load_params(params_file).rewards.specs == {name: name for name in PROMPT_NAMES}
-    assert prompt_reward("r1_zero") is r1_zero_reward_fn and prompt_reward("question_only") is question_only_reward_fn
+    assert prompt_reward("r1_zero").__wrapped__ is r1_zero_reward_fn
+    assert prompt_reward("question_only").__wrapped__ is question_only_reward_fn
     assert all(reward_fn(name) is REWARD_FNS[name] for name in PROMPT_NAMES)
 
 
@@ -47,8 +48,8 @@ def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file, tiny_tok
     specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
     assert specs == {"r1_zero": TOLERANT, "question_only": "question_only", "r1_zero_chat": "r1_zero_chat"}
     tolerant_reward = prompt_reward("r1_zero", specs)
-    assert tolerant_reward.__code__.co_filename == str(REPO / "rewards/tolerant.py")
-    assert prompt_reward("question_only", specs) is question_only_reward_fn
+    assert tolerant_reward.__wrapped__.__code__.co_filename == str(REPO / "rewards/tolerant.py")
+    assert prompt_reward("question_only", specs).__wrapped__ is question_only_reward_fn
     assert tolerant_reward(NEAR, "300") == {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
     assert r1_zero_reward_fn(NEAR, "300")["reward"] == 0.0
     # expert iteration's filter
@@ -126,6 +127,41 @@ def test_a_reward_is_probed_for_the_contract(other_tree, body, message):
     (other_tree / "rewards/mine.py").write_text(f"def reward(response, ground_truth):\n    {body}\n")
     with pytest.raises(RewardSpecError, match=message):
         check_reward("rewards.mine:reward", other_tree)
+
+
+NAN_FOR_LONG = """
+def reward(response, ground_truth):
+    score = float("nan") if len(response) > 200 else 1.0
+    return {"format_reward": 1.0, "answer_reward": score, "reward": score}
+
+
+def crashing(response, ground_truth):
+    if len(response) > 200:
+        raise OverflowError("too long")
+    return reward(response, ground_truth)
+"""
+
+
+def test_a_reward_that_breaks_its_contract_at_run_time_is_named_with_the_response(other_tree):
+    """It passes the probes; the first long response stops grading with the param and the response, where GRPO
+    would otherwise blame NaN advantages on its learning rate."""
+    from reasonrl.losses import compute_group_normalized_rewards
+
+    (other_tree / "rewards/mine.py").write_text(NAN_FOR_LONG)
+    check_reward("rewards.mine:reward", other_tree)
+    reward = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:reward"}, other_tree)
+    long = "Let me think step by step. " * 20 + "</think> <answer> 4 </answer>"
+    message = (
+        r"^rewards.r1_zero \(rewards.mine:reward\) must return finite floats; it returned .*nan.* on the response "
+        r"'Let me think step by step\. .*' … '.*</answer>' \(569 characters\) with ground truth '4'$"
+    )
+    with pytest.raises(RewardError, match=message):
+        compute_group_normalized_rewards(reward, ["short", long], ["4", "4"], 2, 1e-6, normalize_by_std=True)
+    crashing = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:crashing"}, other_tree)
+    with pytest.raises(
+        RewardError, match=r"^rewards.r1_zero \(rewards.mine:crashing\) raised OverflowError: too long on the response"
+    ):
+        crashing(long, "4")
 
 
 def test_a_module_that_fails_to_import_is_refused_by_its_error(other_tree):

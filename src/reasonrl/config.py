@@ -160,6 +160,9 @@ class DataConfig:
         }
     )
     """Expected SHA-256 of each upstream file (train, test): a mismatch stops the download stage."""
+    max_download_bytes: int = 1_000_000_000
+    """The largest file the download stage fetches from a URL (``data.url``, ``data.jsonl``, ``eval.test_sets``): a
+    larger one, by the size the server announces or by what arrives, stops it before the disk fills."""
     val_size: int = 500
     """Questions carved from train for model selection; the test set is only for baseline and final eval."""
     split_seed: int = 0
@@ -174,6 +177,7 @@ class DataConfig:
                 file = getattr(self.jsonl, split)
                 _check_jsonl_file(file.path, file.sha256, f"data.jsonl.{split}", "with data.name: jsonl")
         _require(self.val_size >= 1, "data.val_size", f"must be ≥ 1, got {self.val_size}")
+        _require(self.max_download_bytes >= 1, "data.max_download_bytes", f"must be ≥ 1, got {self.max_download_bytes}")
         # GSM8K's train size is known once the download stage has read the file (it checks there).
         _require(
             self.name != "arithmetic" or self.val_size < self.arithmetic.train_size,

@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from reasonrl.data import GSM8KExample
+from reasonrl.errors import UserError
 from reasonrl.prompts import Prompt, load_prompt
 from reasonrl.rewards import RewardFn, prompt_reward
 
@@ -29,6 +30,10 @@ _TOKEN = re.compile(r"\s*(\d+\.?\d*|\.\d+|\*\*|//|[-+*/x^()])")
 _MAX_EXPONENT = 64  # a larger power is no grade-school arithmetic, and would be slow to compute exactly
 
 DROP_REASONS = ("reward", "annotation_unparsable", "annotation_wrong", "no_reasoning")
+
+
+class NothingKeptError(UserError, ValueError):
+    """Every reference CoT was dropped: SFT would have no pair to train on."""
 
 
 @dataclass(frozen=True)
@@ -176,3 +181,21 @@ def make_sft_pairs(
     grades the responses (None: the prompt's built-in)."""
     prompt, reward_fn = load_prompt(prompt_name), prompt_reward(prompt_name, rewards)
     return [make_sft_pair(example, prompt, tokenizer, reward_fn) for example in examples]
+
+
+def drop_counts(pairs: list[SFTPair]) -> dict[str, int]:
+    """How many pairs each of :data:`DROP_REASONS` drops from ``filtered``."""
+    return {reason: sum(pair.drop_reason == reason for pair in pairs) for reason in DROP_REASONS}
+
+
+def require_kept(pairs: list[SFTPair], prompt_name: str, rewards: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`NothingKeptError`, naming the reward (``rewards.<prompt_name>``) and the drop counts, when no
+    pair belongs in ``filtered``; the caller checks before writing anything, so its earlier output stays."""
+    if any(pair.drop_reason is None for pair in pairs):
+        return
+    spec = prompt_name if rewards is None else rewards[prompt_name]
+    dropped = ", ".join(f"{count} by {reason}" for reason, count in drop_counts(pairs).items() if count)
+    raise NothingKeptError(
+        f"none of the {len(pairs)} reference CoTs is kept{f' (dropped {dropped})' if dropped else ''}; "
+        f"the reward is rewards.{prompt_name} = {spec}, which must give reward 1.0 to a right, well-formed response"
+    )

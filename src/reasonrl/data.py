@@ -4,6 +4,11 @@ A GSM8K jsonl line is ``{"question": ..., "answer": "<reasoning>\\n#### <final a
 an error that names the file and line: a silently skipped example changes the data set without anyone noticing.
 A user's own data (``data.name: jsonl``, ``eval.test_sets``) is converted into such lines by the download stage, so
 every later stage reads one format.
+
+The download stage streams: each file is hashed in chunks, then read, validated, converted and written a line at a
+time, so its memory does not grow with the file (a URL is downloaded in chunks beside the outputs first, at most
+``data.max_download_bytes``). What grows with the data is small: the train/val shuffle's index (4 bytes a train
+line) and a 16-byte key per held-out question (the check for test questions asked in train).
 """
 
 from __future__ import annotations
@@ -12,8 +17,14 @@ import hashlib
 import json
 import os
 import random
+import tempfile
+import unicodedata
 import urllib.request
-from dataclasses import asdict, dataclass
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reasonrl.atomic import atomic_directory
@@ -30,6 +41,9 @@ from reasonrl.grading import (
 SPLITS = ("train", "test")
 # The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
 MIRROR_ENV_VAR = "GSM8K_MIRROR"
+CHUNK_BYTES = 1 << 20
+"""What a download or a hash reads at a time."""
+CAP_PARAM = "data.max_download_bytes"
 
 
 class DataFormatError(UserError, ValueError):
@@ -116,79 +130,204 @@ def resolve_source(mirror: str | None, url: str) -> str:
     return mirror or os.environ.get(MIRROR_ENV_VAR) or url
 
 
-def fetch(source: str, split: str) -> tuple[bytes, str]:
-    """The raw bytes of ``<source>/<split>.jsonl`` (a local directory or a URL) and the location read."""
-    if source.startswith(("http://", "https://")):
-        location = f"{source.rstrip('/')}/{split}.jsonl"
-        try:
-            with urllib.request.urlopen(location, timeout=60) as response:
-                return response.read(), location
-        except OSError as error:
-            raise DataFormatError(
-                f"{location}: download failed ({error}); set data.mirror or ${MIRROR_ENV_VAR} to a directory "
-                f"holding train.jsonl and test.jsonl"
-            ) from None
-    path = Path(source) / f"{split}.jsonl"
-    if not path.is_file():
-        raise DataFormatError(f"{path}: no such file (GSM8K mirror from data.mirror or ${MIRROR_ENV_VAR})")
-    return path.read_bytes(), str(path)
+def is_url(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+def download(url: str, destination: Path, max_bytes: int, hint: str) -> None:
+    """Stream ``url`` into the file ``destination`` in chunks, refusing one of more than ``max_bytes`` (by its
+    Content-Length, and by what arrives: a server may send none, or more than it announced). ``hint`` ends the
+    error of a failed download."""
+    too_large = f"{url}: larger than {CAP_PARAM} = {max_bytes} bytes"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, destination.open("wb") as out:
+            announced = response.headers.get("Content-Length", "")
+            if announced.isdigit() and int(announced) > max_bytes:
+                raise DataFormatError(f"{too_large} (it announces {announced}); raise {CAP_PARAM} to download it")
+            received = 0
+            while chunk := response.read(CHUNK_BYTES):
+                received += len(chunk)
+                if received > max_bytes:
+                    raise DataFormatError(f"{too_large} (more arrived); raise {CAP_PARAM} to download it")
+                out.write(chunk)
+    except OSError as error:
+        raise DataFormatError(f"{url}: download failed ({error}); {hint}") from None
+
+
+@contextmanager
+def local_file(location: str, scratch: Path, max_bytes: int, missing: str, hint: str) -> Iterator[Path]:
+    """A local file as it is, or a URL downloaded (:func:`download`) into a file in the directory ``scratch``,
+    removed on exit. ``missing`` ends the error of a local file that is not there."""
+    if not is_url(location):
+        path = Path(location)
+        if not path.is_file():
+            raise DataFormatError(f"{location}: no such file ({missing})")
+        yield path
+        return
+    with tempfile.TemporaryDirectory(dir=scratch, prefix=".download.") as directory:
+        path = Path(directory) / "file"
+        download(location, path, max_bytes, hint)
+        yield path
+
+
+@contextmanager
+def fetch(source: str, split: str, scratch: Path, max_bytes: int) -> Iterator[tuple[Path, str]]:
+    """``<source>/<split>.jsonl`` (a local directory or a URL, downloaded into ``scratch``) as a local file, and the
+    location read."""
+    location = f"{source.rstrip('/')}/{split}.jsonl" if is_url(source) else str(Path(source) / f"{split}.jsonl")
+    missing = f"GSM8K mirror from data.mirror or ${MIRROR_ENV_VAR}"
+    hint = f"set data.mirror or ${MIRROR_ENV_VAR} to a directory holding train.jsonl and test.jsonl"
+    with local_file(location, scratch, max_bytes, missing, hint) as path:
+        yield path, location
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def verify_sha256(
-    content: bytes, expected: str, location: str, param: str, release: str = "the official GSM8K release"
+    path: Path, expected: str, location: str, param: str, release: str = "the official GSM8K release"
 ) -> None:
-    actual = hashlib.sha256(content).hexdigest()
+    """Refuse the file at ``path`` (read from ``location``) unless its SHA-256 is ``expected`` (``param``)."""
+    actual = file_sha256(path)
     if actual != expected:
         raise DataFormatError(
             f"{location}: SHA-256 {actual} does not match {param} = {expected}; the file is corrupt or not {release}"
         )
 
 
+def file_lines(path: Path, location: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a jsonl file, one at a time, split at newlines only (as :func:`jsonl_lines`)."""
+    with path.open("rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                yield number, raw.removesuffix(b"\n").decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(f"{location}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+
+
+def val_indices(count: int, val_size: int, seed: int) -> set[int]:
+    """The indices of the ``count`` train lines that go to val: the first ``val_size`` of a shuffle with ``seed``.
+    The shuffle runs over a compact array (4 bytes a line), the same draws as over a list."""
+    if val_size >= count:
+        raise ConfigError(
+            f"data.val_size: must be less than the {count} train examples to leave some to train on, got {val_size}"
+        )
+    order = array("I", range(count))
+    random.Random(seed).shuffle(order)
+    return set(order[:val_size])
+
+
 def split_train_val(lines: list[str], val_size: int, seed: int) -> tuple[list[str], list[str]]:
     """Shuffle indices with ``seed``; the first ``val_size`` go to val. Both keep the file's order."""
-    if val_size >= len(lines):
-        raise ConfigError(
-            f"data.val_size: must be less than the {len(lines)} train examples to leave some to train on, got "
-            f"{val_size}"
-        )
-    order = list(range(len(lines)))
-    random.Random(seed).shuffle(order)
-    val_indices = set(order[:val_size])
-    train = [line for index, line in enumerate(lines) if index not in val_indices]
-    val = [line for index, line in enumerate(lines) if index in val_indices]
+    chosen = val_indices(len(lines), val_size, seed)
+    train = [line for index, line in enumerate(lines) if index not in chosen]
+    val = [line for index, line in enumerate(lines) if index in chosen]
     return train, val
 
 
-def fetch_verified_gsm8k(source: str, sha256: dict[str, str]) -> dict[str, list[str]]:
+Lines = Iterator[tuple[str, str]]
+"""GSM8K lines, each with its question (for the overlap check), produced one at a time."""
+LineSource = Callable[[Path], Lines]
+"""A split's lines; the argument is a directory for a download's file (removed when the lines are exhausted)."""
+
+
+def gsm8k_lines(source: str, sha256: str, split: str, max_bytes: int, scratch: Path) -> Lines:
+    """GSM8K's ``split`` file after checking its SHA-256 (``data.sha256.<split>``), every line validated."""
+    with fetch(source, split, scratch, max_bytes) as (path, location):
+        verify_sha256(path, sha256, location, f"data.sha256.{split}")
+        for number, line in file_lines(path, location):
+            yield line, parse_record(line, location, number).question
+
+
+def given_lines(lines: Iterable[str], scratch: Path) -> Lines:
+    """Lines made in memory (the synthetic set) with their questions; ``scratch`` unused (no download)."""
+    for line in lines:
+        yield line, json.loads(line)["question"]
+
+
+def fetch_verified_gsm8k(source: str, sha256: dict[str, str], max_bytes: int) -> dict[str, list[str]]:
     """The lines of GSM8K's train and test files, after checking their SHA-256 and validating every line."""
-    verified: dict[str, list[str]] = {}
-    for split in SPLITS:
-        content, location = fetch(source, split)
-        verify_sha256(content, sha256[split], location, f"data.sha256.{split}")
-        lines = jsonl_lines(content.decode("utf-8"))
-        parse_lines(lines, location)
-        verified[split] = lines
-    return verified
+    with tempfile.TemporaryDirectory() as scratch:
+        return {
+            split: [line for line, _ in gsm8k_lines(source, sha256[split], split, max_bytes, Path(scratch))]
+            for split in SPLITS
+        }
 
 
-def write_splits(
-    train: list[str], test: list[str], val_size: int, split_seed: int, out_dir: str | Path
-) -> dict[str, int]:
-    """Carve val from train, write ``{train,val,test}.jsonl`` atomically; returns the size of each split."""
-    train, val = split_train_val(train, val_size, split_seed)
-    splits = {"train": train, "val": val, "test": test}
-    with atomic_directory(out_dir) as staging:
-        for name, lines in splits.items():
-            (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return {name: len(lines) for name, lines in splits.items()}
+def question_key(question: str) -> bytes:
+    """A question as the overlap check compares it: Unicode-normalised (NFKC), case-folded, runs of whitespace as
+    one space; hashed to 16 bytes, so a held-out set's keys take little memory."""
+    text = " ".join(unicodedata.normalize("NFKC", question).casefold().split())
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def download_gsm8k(
-    source: str, sha256: dict[str, str], val_size: int, split_seed: int, out_dir: str | Path
-) -> dict[str, int]:
-    """Fetch, verify and validate GSM8K, split train into train/val, write ``{train,val,test}.jsonl`` atomically."""
-    verified = fetch_verified_gsm8k(source, sha256)
-    return write_splits(verified["train"], verified["test"], val_size, split_seed, out_dir)
+def write_lines(lines: Lines, path: Path) -> Counter[bytes]:
+    """Write ``lines`` to ``path``; the number of lines of each :func:`question_key`."""
+    keys: Counter[bytes] = Counter()
+    with path.open("w", encoding="utf-8") as out:
+        for line, question in lines:
+            out.write(line + "\n")
+            keys[question_key(question)] += 1
+    return keys
+
+
+@dataclass
+class Written:
+    """What :func:`write_data` wrote: the size of each split and test set (``test set <name>``), and how many lines
+    of each held-out file (``test`` and each test set) ask a question that a line of the train file (val
+    included) asks too."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    in_train: dict[str, int] = field(default_factory=dict)
+
+
+def write_data(
+    train: LineSource,
+    test: LineSource,
+    test_sets: Mapping[str, LineSource],
+    val_size: int,
+    split_seed: int,
+    out_dir: str | Path,
+    test_sets_dir: str | Path,
+) -> Written:
+    """Write ``train`` (less val, carved by :func:`val_indices`), val and ``test`` to ``out_dir/{train,val,test}.jsonl``
+    and each test set to ``test_sets_dir/<name>.jsonl``, streaming, all atomically: any error leaves both directories
+    as they were. ``test_sets_dir`` is apart from the splits: DVC hashes a directory output whole, so a set added to
+    ``out_dir`` would make every stage that reads the splits rerun."""
+    written = Written()
+    with atomic_directory(out_dir) as staging, atomic_directory(test_sets_dir) as sets_staging:
+        held_out = {"test": write_lines(test(staging), staging / "test.jsonl")}
+        for name, lines in test_sets.items():
+            held_out[f"test set {name}"] = write_lines(lines(sets_staging), sets_staging / f"{name}.jsonl")
+        unsplit = staging / ".train.unsplit"
+        seen: dict[str, set[bytes]] = {name: set() for name in held_out}
+        count = 0
+        with unsplit.open("w", encoding="utf-8") as out:
+            for line, question in train(staging):
+                out.write(line + "\n")
+                count += 1
+                key = question_key(question)
+                for name, keys in held_out.items():
+                    if key in keys:
+                        seen[name].add(key)
+        chosen = val_indices(count, val_size, split_seed)
+        with (
+            unsplit.open(encoding="utf-8", newline="\n") as lines,
+            (staging / "train.jsonl").open("w", encoding="utf-8") as train_out,
+            (staging / "val.jsonl").open("w", encoding="utf-8") as val_out,
+        ):
+            for index, line in enumerate(lines):
+                (val_out if index in chosen else train_out).write(line)
+        unsplit.unlink()
+        written.counts = {"train": count - len(chosen), "val": len(chosen)}
+        written.counts |= {name: keys.total() for name, keys in held_out.items()}
+        written.in_train = {name: sum(keys[key] for key in seen[name]) for name, keys in held_out.items()}
+    return written
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,9 +368,9 @@ def read_answer(value: object, answer_format: str) -> tuple[str, str]:
     return value[: value.rfind(BOXED_START)].strip(), content.strip()
 
 
-def convert_record(line: str, fields: JsonlFields, source: str, line_number: int) -> str:
-    """One line of a user's jsonl file as a GSM8K jsonl line; any defect raises :class:`DataFormatError` naming
-    ``source:line_number``."""
+def convert_record(line: str, fields: JsonlFields, source: str, line_number: int) -> tuple[str, str]:
+    """One line of a user's jsonl file as a GSM8K jsonl line, and its question; any defect raises
+    :class:`DataFormatError` naming ``source:line_number``."""
     where = f"{source}:{line_number}"
     record = json_object(line, where)
     for key in (fields.question_field, fields.answer_field):
@@ -251,42 +390,20 @@ def convert_record(line: str, fields: JsonlFields, source: str, line_number: int
             "no response could ever be rewarded for it"
         )
     body = f"{reasoning}\n{ANSWER_DELIMITER} {answer}" if reasoning else f"{ANSWER_DELIMITER} {answer}"
-    return json.dumps({"question": question.strip(), "answer": body}, ensure_ascii=False)
+    question = question.strip()
+    return json.dumps({"question": question, "answer": body}, ensure_ascii=False), question
 
 
-def fetch_file(location: str, param: str) -> bytes:
-    """The bytes of a local file (relative to the working directory: the repository root in a stage) or a URL."""
-    if location.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(location, timeout=60) as response:
-                return response.read()
-        except OSError as error:
-            raise DataFormatError(f"{location}: download failed ({error}); {param} can name a local file") from None
-    path = Path(location)
-    if not path.is_file():
-        raise DataFormatError(f"{location}: no such file ({param}; a relative path is read from the repository root)")
-    return path.read_bytes()
-
-
-def fetch_verified_jsonl(location: str, sha256: str, fields: JsonlFields, param: str) -> list[str]:
-    """A user's jsonl file (``param``: the dotted params that name it, for errors), checked against its SHA-256,
-    every line validated and converted into a GSM8K line."""
-    content = fetch_file(location, f"{param}.path")
-    verify_sha256(content, sha256, location, f"{param}.sha256", release=f"the file {param}.sha256 was taken from")
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DataFormatError(f"{location}: not UTF-8 text (byte {error.start})") from None
-    lines = [convert_record(line, fields, location, number) for number, line in enumerate(jsonl_lines(text), 1)]
-    if not lines:
-        raise DataFormatError(f"{location}: no examples ({param}.path)")
-    return lines
-
-
-def write_test_sets(test_sets: dict[str, list[str]], out_dir: str | Path) -> None:
-    """Each extra held-out set as ``<out_dir>/<name>.jsonl``, atomically; no sets, an empty directory. A directory
-    of its own, apart from the splits: DVC hashes a directory output whole, so a set added there would make every
-    stage that reads the splits rerun."""
-    with atomic_directory(out_dir) as staging:
-        for name, lines in test_sets.items():
-            (staging / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+def jsonl_file_lines(
+    location: str, sha256: str, fields: JsonlFields, param: str, max_bytes: int, scratch: Path
+) -> Lines:
+    """A user's jsonl file (``param``: the dotted params that name it, for errors; a URL downloaded into
+    ``scratch``), checked against its SHA-256, every line validated and converted into a GSM8K line."""
+    missing = f"{param}.path; a relative path is read from the repository root"
+    with local_file(location, scratch, max_bytes, missing, f"{param}.path can name a local file") as path:
+        verify_sha256(path, sha256, location, f"{param}.sha256", release=f"the file {param}.sha256 was taken from")
+        number = 0
+        for number, line in file_lines(path, location):
+            yield convert_record(line, fields, location, number)
+        if not number:
+            raise DataFormatError(f"{location}: no examples ({param}.path)")

@@ -2,11 +2,12 @@
 user's ``rewards.<module>:<function>`` from the ``rewards/`` package at the root of the tree the stage runs in.
 
 Params name one per prompt (``rewards.<prompt>``); every stage that grades that prompt's responses resolves it with
-:func:`reward_fn`, so a user's reward replaces the built-in wherever the prompt is used. A user's function has the
-built-ins' contract: ``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, floats, where a
-``reward`` of 1.0 means right (accuracy, the SFT filter and expert iteration count those) and ``format_reward`` 1.0
-well-formed (the format rate). Majority votes keep reading the prompt's built-in answer function
-(:data:`reasonrl.prompts.ANSWER_FNS`): it says which number a response states, the reward says whether that is right.
+:func:`prompt_reward` (which checks every result as it is computed), so a user's reward replaces the built-in
+wherever the prompt is used. A user's function has the built-ins' contract:
+``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, floats, where a ``reward`` of 1.0
+means right (accuracy, the SFT filter and expert iteration count those) and ``format_reward`` 1.0 well-formed (the
+format rate). Majority votes keep reading the prompt's built-in answer function (:data:`reasonrl.prompts.ANSWER_FNS`):
+it says which number a response states, the reward says whether that is right.
 
 The package is loaded from this tree's ``rewards/`` by file location, never found on ``sys.path``: a queued DVC
 experiment runs in a copy of the repository, and its reward must be the copy's (the one its dvc.yaml deps hash),
@@ -16,6 +17,7 @@ imported from (every stage command starts with ``PYTHONPATH=src``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from reasonrl.errors import UserError
 from reasonrl.prompts import REWARD_FNS
 
 RewardFn = Callable[[str, str], dict[str, float]]
@@ -43,6 +46,11 @@ well-formed, wrong with a whole GSM8K answer field as the truth, and empty."""
 
 class RewardSpecError(ValueError):
     """A ``rewards.<prompt>`` value that names no usable reward function; params validation says which param."""
+
+
+class RewardError(UserError, ValueError):
+    """A reward function broke its contract on a response a stage graded; the message names the param and the
+    response."""
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -103,9 +111,18 @@ def reward_fn(spec: str, root: Path = ROOT) -> RewardFn:
     return function
 
 
+def contract_breach(result: object) -> str | None:
+    """What is wrong with a reward function's ``result`` (a dict of exactly :data:`REWARD_KEYS`, each a finite
+    float), None when nothing is."""
+    if not isinstance(result, dict) or set(result) != set(REWARD_KEYS):
+        return f"must return a dict of exactly {', '.join(REWARD_KEYS)}; it returned {result!r}"
+    if not all(isinstance(result[key], float) and math.isfinite(result[key]) for key in REWARD_KEYS):
+        return f"must return finite floats; it returned {result!r}"
+    return None
+
+
 def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
-    """:func:`reward_fn`, after probing it on :data:`PROBES`: each call must return a dict of exactly
-    :data:`REWARD_KEYS`, each a finite float."""
+    """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`)."""
     function = reward_fn(spec, root)
     for response, ground_truth in PROBES:
         probe = f"on the probe ({response!r}, {ground_truth!r})"
@@ -113,19 +130,45 @@ def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
             result = function(response, ground_truth)
         except Exception as error:
             raise RewardSpecError(f"{spec} raised {type(error).__name__}: {error} {probe}") from None
-        if not isinstance(result, dict) or set(result) != set(REWARD_KEYS):
-            raise RewardSpecError(
-                f"{spec} must return a dict of exactly {', '.join(REWARD_KEYS)}; it returned {result!r} {probe}"
-            )
-        if not all(isinstance(result[key], float) and math.isfinite(result[key]) for key in REWARD_KEYS):
-            raise RewardSpecError(f"{spec} must return finite floats; it returned {result!r} {probe}")
+        breach = contract_breach(result)
+        if breach:
+            raise RewardSpecError(f"{spec} {breach} {probe}")
     return function
 
 
-def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None) -> RewardFn:
-    """The function that grades ``prompt``'s responses: ``rewards[prompt]`` (params' ``rewards`` section); the
-    prompt's built-in when ``rewards`` is None."""
-    return reward_fn(prompt if rewards is None else rewards[prompt])
+def shorten(text: str, head: int = 120, tail: int = 60) -> str:
+    """``text``'s repr, its middle elided when it is long: an error line shows which response, not all of it."""
+    if len(text) <= head + tail:
+        return repr(text)
+    return f"{text[:head]!r} … {text[-tail:]!r} ({len(text)} characters)"
+
+
+def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
+    """``function`` with every result checked as it is computed: the probes of :func:`check_reward` cannot find a
+    NaN that only long responses get, and one reaching GRPO's advantages would be blamed on the learning rate. A
+    breach or an exception raises :class:`RewardError` naming ``param`` and the response."""
+
+    @functools.wraps(function)
+    def checked_reward(response: str, ground_truth: str) -> dict[str, float]:
+        where = f"{param} ({spec})"
+        on = f"on the response {shorten(response)} with ground truth {shorten(ground_truth)}"
+        try:
+            result = function(response, ground_truth)
+        except Exception as error:
+            raise RewardError(f"{where} raised {type(error).__name__}: {error} {on}") from error
+        breach = contract_breach(result)
+        if breach:
+            raise RewardError(f"{where} {breach} {on}")
+        return result
+
+    return checked_reward
+
+
+def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None, root: Path = ROOT) -> RewardFn:
+    """The function that grades ``prompt``'s responses, each result checked (:func:`checked`): ``rewards[prompt]``
+    (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None."""
+    spec = prompt if rewards is None else rewards[prompt]
+    return checked(reward_fn(spec, root), f"rewards.{prompt}", spec)
 
 
 def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
