@@ -168,3 +168,36 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     trained, initial = policy.state_dict(), load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
     assert all(torch.equal(trained[name], tensor) for name, tensor in expected.state_dict().items())
     assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
+
+
+def tempered_log_probs(policy, batch, temperature: float) -> torch.Tensor:
+    """The reference: ``log_softmax(logits / T)`` of the full HF forward, gathered at the labels, ``[N, L]``."""
+    with torch.no_grad():
+        logits = policy(batch.input_ids).logits  # [N, L, V]
+    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.slow
+def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_sampled_from(engine, tiny_model_dir):
+    """At T = 0.5 the engine's log-probs of its samples (μ) and the trainer's (π_old, π_ref and π, on the path GRPO
+    takes) are both ``log_softmax(logits / T)`` at the sampled tokens. ``min_tokens: 0``: before ``min_tokens`` the
+    engine samples with the stop tokens masked, and its μ says so (see ``rollout.Sample.logprobs``)."""
+    temperature = 0.5
+    policy, tokenizer = perturbed_policy(tiny_model_dir, seed=1)
+    config = dataclasses.replace(CONFIG, temperature=temperature, min_tokens=0, rollout_is_cap=2.0)
+    with engine.serving(policy):
+        drawn = draw_rollouts(engine, TRAIN, config, EVAL.stop, step_seed(config, 0))
+    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+    mask = batch.response_mask
+    assert mask.sum() > 16
+    expected = tempered_log_probs(policy, batch, temperature)
+    engine_diff = (batch.engine_log_probs - expected)[mask].abs().max().item()
+    trainer_diff = (compute_old_log_probs(policy, batch, config) - expected)[mask].abs().max().item()
+    untempered_diff = (tempered_log_probs(policy, batch, 1.0) - expected)[mask].abs().max().item()
+    print(
+        f"\nT={temperature}: max |log-prob - log_softmax(logits/T)|: engine {engine_diff:.2e}, trainer "
+        f"{trainer_diff:.2e} (untempered {untempered_diff:.2f})"
+    )
+    assert untempered_diff > 0.1  # the temperature matters for this model
+    assert engine_diff < 1e-3
+    assert trainer_diff < 1e-3
