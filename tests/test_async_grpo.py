@@ -74,11 +74,12 @@ def perturbed_policy(model_dir, seed: int = 0):
 @pytest.mark.slow
 def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engine_process, tiny_model_dir):
     """Perturbed weights, streamed in many small buckets: the engine's log-probs of what it then samples equal the
-    trainer's to 1e-3, and differ from the unperturbed model's (the transfer took effect)."""
+    trainer's to 1e-3, and differ from the unperturbed model's (the transfer took effect). ``min_tokens: 0``: the
+    engine's log-probs of the first ``min_tokens`` tokens are of a distribution without EOS."""
     policy, tokenizer = perturbed_policy(tiny_model_dir)
     config = GRPOConfig(
         rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12,
-        max_staleness=1, rollout_is_cap=2.0,
+        min_tokens=0, max_staleness=1, rollout_is_cap=2.0,
     )  # fmt: skip
     draw = functools.partial(draw_rollouts, train=TRAIN, config=config, stop=EVAL.stop)
     engine_process.setup(
