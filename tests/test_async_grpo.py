@@ -29,6 +29,8 @@ from reasonrl.grpo import (
     set_learning_rate,
     step_seed,
 )
+from reasonrl.logprobs import compute_entropy
+from reasonrl.losses import masked_mean
 from reasonrl.rollout import RolloutEngine, engine_weights
 from reasonrl.sft import load_policy, validate
 from reasonrl.synthetic import arithmetic_lines
@@ -171,18 +173,18 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
 
 
-def tempered_log_probs(policy, batch, temperature: float) -> torch.Tensor:
-    """The reference: ``log_softmax(logits / T)`` of the full HF forward, gathered at the labels, ``[N, L]``."""
+def tempered_scores(policy, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: ``log_softmax(logits / T)`` of the full HF forward at the labels, and its entropy, ``[N, L]``."""
     with torch.no_grad():
-        logits = policy(batch.input_ids).logits  # [N, L, V]
-    return torch.log_softmax(logits / temperature, dim=-1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
+        logits = policy(batch.input_ids).logits / temperature  # [N, L, V]
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1), compute_entropy(logits)
 
 
 @pytest.mark.slow
 def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_sampled_from(engine, tiny_model_dir):
-    """At T = 0.5 the engine's log-probs of its samples (μ) and the trainer's (π_old, π_ref and π, on the path GRPO
-    takes) are both ``log_softmax(logits / T)`` at the sampled tokens. ``min_tokens: 0``: before ``min_tokens`` the
-    engine samples with the stop tokens masked, and its μ says so (see ``rollout.Sample.logprobs``)."""
+    """At T = 0.5 the engine's log-probs of its samples (μ) and the trainer's (π_old and π_ref, and π's entropy in
+    training, on the path GRPO takes) are of ``softmax(logits / T)`` at the sampled tokens. ``min_tokens: 0``: over
+    the first ``min_tokens`` tokens the engine samples, and μ scores, without EOS."""
     temperature = 0.5
     policy, tokenizer = perturbed_policy(tiny_model_dir, seed=1)
     config = dataclasses.replace(CONFIG, temperature=temperature, min_tokens=0, rollout_is_cap=2.0)
@@ -191,10 +193,11 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
     mask = batch.response_mask
     assert mask.sum() > 16
-    expected = tempered_log_probs(policy, batch, temperature)
+    expected, entropy = tempered_scores(policy, batch, temperature)
+    old_log_probs = compute_old_log_probs(policy, batch, config)
     engine_diff = (batch.engine_log_probs - expected)[mask].abs().max().item()
-    trainer_diff = (compute_old_log_probs(policy, batch, config) - expected)[mask].abs().max().item()
-    untempered_diff = (tempered_log_probs(policy, batch, 1.0) - expected)[mask].abs().max().item()
+    trainer_diff = (old_log_probs - expected)[mask].abs().max().item()
+    untempered_diff = (tempered_scores(policy, batch, 1.0)[0] - expected)[mask].abs().max().item()
     print(
         f"\nT={temperature}: max |log-prob - log_softmax(logits/T)|: engine {engine_diff:.2e}, trainer "
         f"{trainer_diff:.2e} (untempered {untempered_diff:.2f})"
@@ -202,3 +205,6 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     assert untempered_diff > 0.1  # the temperature matters for this model
     assert engine_diff < 1e-3
     assert trainer_diff < 1e-3
+    rows = list(range(len(batch.responses)))
+    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs=old_log_probs)
+    assert metrics["train/entropy"] == pytest.approx(masked_mean(entropy, mask).item(), rel=1e-4)
