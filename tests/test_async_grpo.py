@@ -123,8 +123,9 @@ def column(work, name: str) -> list[float]:
 def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engine_process, tiny_model_dir, tmp_path):
     """Lag 2: steps 0, 1, 2 train on the initial weights' samples, step s ≥ 2 on step s − 2's; the engine draws
     ahead while the policy trains. The correction's figures are logged every step, and the validation at step 2
-    is that of step 2's own weights, whatever the engine had in flight then."""
-    config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0)
+    is that of step 2's own weights, whatever the engine had in flight then. ``min_tokens: 0``: over the first
+    ``min_tokens`` tokens μ is of the distribution without EOS, a gap of its own (3e-3 for this model)."""
+    config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0, min_tokens=0)
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     kept = {}
     run(engine_process, policy, tokenizer, tiny_model_dir, tmp_path, config, kept)
