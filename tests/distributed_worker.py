@@ -86,12 +86,13 @@ def main() -> None:
         optimizer_step(policy, optimizer, CONFIG, guard, 0, {"loss": metrics["train/loss"]}, ranks)
     weights = dict(merged_weights(policy))  # every rank gathers (FSDP2)
 
-    # The engine after a weight load samples from the trained policy: its log-probs against HF's on the same tokens.
+    # The engine after a weight load samples from the trained policy: its log-probs against HF's on the same tokens
+    # (no min_tokens: the engine's log-probs of those tokens are of a distribution without EOS).
     plain = load_policy(model_dir, torch.device("cpu"))[0].eval()
     plain.load_state_dict(weights)
     prompts = drawn.prompts[:2]
     with engine.serving(policy):
-        samples = engine.generate(prompts, n=2, max_tokens=12, min_tokens=12, stop=(), seed=1, return_logprobs=True)
+        samples = engine.generate(prompts, n=2, max_tokens=12, stop=(), seed=1, return_logprobs=True)
     worst = 0.0
     for sample in (sample for group in samples for sample in group):
         ids = torch.tensor([sample.prompt_token_ids + sample.token_ids])  # [1, P + R]

@@ -29,6 +29,8 @@ from reasonrl.grpo import (
     set_learning_rate,
     step_seed,
 )
+from reasonrl.logprobs import compute_entropy
+from reasonrl.losses import masked_mean
 from reasonrl.rollout import RolloutEngine, engine_weights
 from reasonrl.sft import load_policy, validate
 from reasonrl.synthetic import arithmetic_lines
@@ -74,11 +76,12 @@ def perturbed_policy(model_dir, seed: int = 0):
 @pytest.mark.slow
 def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engine_process, tiny_model_dir):
     """Perturbed weights, streamed in many small buckets: the engine's log-probs of what it then samples equal the
-    trainer's to 1e-3, and differ from the unperturbed model's (the transfer took effect)."""
+    trainer's to 1e-3, and differ from the unperturbed model's (the transfer took effect). ``min_tokens: 0``: the
+    engine's log-probs of the first ``min_tokens`` tokens are of a distribution without EOS."""
     policy, tokenizer = perturbed_policy(tiny_model_dir)
     config = GRPOConfig(
         rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2, max_tokens=12,
-        max_staleness=1, rollout_is_cap=2.0,
+        min_tokens=0, max_staleness=1, rollout_is_cap=2.0,
     )  # fmt: skip
     draw = functools.partial(draw_rollouts, train=TRAIN, config=config, stop=EVAL.stop)
     engine_process.setup(
@@ -120,8 +123,9 @@ def column(work, name: str) -> list[float]:
 def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engine_process, tiny_model_dir, tmp_path):
     """Lag 2: steps 0, 1, 2 train on the initial weights' samples, step s ≥ 2 on step s − 2's; the engine draws
     ahead while the policy trains. The correction's figures are logged every step, and the validation at step 2
-    is that of step 2's own weights, whatever the engine had in flight then."""
-    config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0)
+    is that of step 2's own weights, whatever the engine had in flight then. ``min_tokens: 0``: over the first
+    ``min_tokens`` tokens μ is of the distribution without EOS, a gap of its own (3e-3 for this model)."""
+    config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0, min_tokens=0)
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     kept = {}
     run(engine_process, policy, tokenizer, tiny_model_dir, tmp_path, config, kept)
@@ -168,3 +172,40 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     trained, initial = policy.state_dict(), load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
     assert all(torch.equal(trained[name], tensor) for name, tensor in expected.state_dict().items())
     assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
+
+
+def tempered_scores(policy, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: ``log_softmax(logits / T)`` of the full HF forward at the labels, and its entropy, ``[N, L]``."""
+    with torch.no_grad():
+        logits = policy(batch.input_ids).logits / temperature  # [N, L, V]
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1), compute_entropy(logits)
+
+
+@pytest.mark.slow
+def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_sampled_from(engine, tiny_model_dir):
+    """At T = 0.5 the engine's log-probs of its samples (μ) and the trainer's (π_old and π_ref, and π's entropy in
+    training, on the path GRPO takes) are of ``softmax(logits / T)`` at the sampled tokens. ``min_tokens: 0``: over
+    the first ``min_tokens`` tokens the engine samples, and μ scores, without EOS."""
+    temperature = 0.5
+    policy, tokenizer = perturbed_policy(tiny_model_dir, seed=1)
+    config = dataclasses.replace(CONFIG, temperature=temperature, min_tokens=0, rollout_is_cap=2.0)
+    with engine.serving(policy):
+        drawn = draw_rollouts(engine, TRAIN, config, EVAL.stop, step_seed(config, 0))
+    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+    mask = batch.response_mask
+    assert mask.sum() > 16
+    expected, entropy = tempered_scores(policy, batch, temperature)
+    old_log_probs = compute_old_log_probs(policy, batch, config)
+    engine_diff = (batch.engine_log_probs - expected)[mask].abs().max().item()
+    trainer_diff = (old_log_probs - expected)[mask].abs().max().item()
+    untempered_diff = (tempered_scores(policy, batch, 1.0)[0] - expected)[mask].abs().max().item()
+    print(
+        f"\nT={temperature}: max |log-prob - log_softmax(logits/T)|: engine {engine_diff:.2e}, trainer "
+        f"{trainer_diff:.2e} (untempered {untempered_diff:.2f})"
+    )
+    assert untempered_diff > 0.1  # the temperature matters for this model
+    assert engine_diff < 1e-3
+    assert trainer_diff < 1e-3
+    rows = list(range(len(batch.responses)))
+    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs=old_log_probs)
+    assert metrics["train/entropy"] == pytest.approx(masked_mean(entropy, mask).item(), rel=1e-4)

@@ -172,3 +172,41 @@ def test_mixed_precision_computes_in_bf16_and_keeps_fp32_gradients(tiny_model, p
 def test_chunk_size_must_be_positive(tiny_model, padded_batch):
     with pytest.raises(ValueError, match="chunk_size"):
         get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], chunk_size=0)
+
+
+@pytest.mark.parametrize("path", ["chunked", "full_logits"])
+def test_temperature_scores_the_tempered_distribution(tiny_model, padded_batch, path):
+    """``temperature=T``: log-probs, entropy and gradients are those of ``log_softmax(logits / T)``, the distribution
+    a sampler at T draws from, on the chunked path and on the full-logits fallback."""
+
+    class SubclassedQwen2(type(tiny_model)):  # a forward not in _PLAIN_HEAD_FORWARDS: the full-logits path
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = copy.deepcopy(tiny_model)
+    if path == "full_logits":
+        model = SubclassedQwen2(tiny_model.config)
+        model.load_state_dict(tiny_model.state_dict())
+    temperature = 0.5
+    input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
+    lean = get_response_log_probs(
+        model, input_ids, labels, return_token_entropy=True, chunk_size=3, temperature=temperature
+    )
+    logits = model(input_ids).logits / temperature  # [B, T, V]
+    naive = torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        untempered = get_response_log_probs(model, input_ids, labels)["log_probs"]
+    assert (untempered - naive)[mask.bool()].abs().max() > 0.1  # the temperature matters for this model
+    assert torch.allclose(lean["log_probs"], naive, atol=1e-5)
+    assert torch.allclose(lean["token_entropy"], compute_entropy(logits.detach()), atol=1e-5)
+    lean_grads = parameter_grads(model, masked_mean(lean["log_probs"], mask))
+    naive_grads = parameter_grads(model, masked_mean(naive, mask))
+    assert lean_grads.keys() == naive_grads.keys()
+    for name, grad in naive_grads.items():
+        assert torch.allclose(lean_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, math.nan])
+def test_temperature_must_be_positive(tiny_model, padded_batch, temperature):
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], temperature=temperature)

@@ -291,21 +291,30 @@ def test_a_seeded_call_seeds_numpy_and_random_too_and_restores_the_callers(engin
 # -- log-probs and weight sync ------------------------------------------------------------------------------------
 
 
-def hf_log_probs(model, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
-    """The HF model's log-probs of ``response_ids`` after ``prompt_ids``, ``[len(response_ids)]``."""
+def sampled_log_probs(
+    model, prompt_ids: list[int], response_ids: list[int], temperature: float, min_tokens: int
+) -> torch.Tensor:
+    """The HF model's log-probs of ``response_ids`` after ``prompt_ids`` under the distribution a sampler draws
+    them from, ``[len(response_ids)]``: ``log_softmax(logits / temperature)``, with EOS masked out of the first
+    ``min_tokens`` tokens (which cannot end a sample)."""
     ids = torch.tensor([prompt_ids + response_ids])  # [1, P + R]
     with torch.no_grad():
-        log_probs = get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"]  # [1, P + R - 1]
-    return log_probs[0, len(prompt_ids) - 1 :]
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]  # [R, V]
+    logits[:min_tokens, model.config.eos_token_id] = -math.inf
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)  # [R, V]
+    return log_probs.gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1)
 
 
-def max_logprob_diff_and_ratios(model, tokenizer, prompts, samples) -> tuple[float, list[float]]:
+def max_logprob_diff_and_ratios(
+    model, tokenizer, prompts, samples, temperature: float = 1.0, min_tokens: int = 0
+) -> tuple[float, list[float]]:
     """Max |policy - engine| log-prob over all sampled tokens, and each sample's importance ratio."""
     max_diff, ratios = 0.0, []
     for prompt, per_prompt in zip(prompts, samples, strict=True):
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         for sample in per_prompt:
-            diff = hf_log_probs(model, prompt_ids, sample.token_ids) - torch.tensor(sample.logprobs)  # [R]
+            expected = sampled_log_probs(model, prompt_ids, sample.token_ids, temperature, min_tokens)  # [R]
+            diff = expected - torch.tensor(sample.logprobs)  # [R]
             max_diff = max(max_diff, diff.abs().max().item())
             ratios.append(math.exp(diff.sum().item()))  # sequence-level pi_policy / pi_engine
     return max_diff, ratios
@@ -314,7 +323,8 @@ def max_logprob_diff_and_ratios(model, tokenizer, prompts, samples) -> tuple[flo
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_match_the_policy(engine, tiny_model, tiny_tokenizer, temperature):
-    """``Sample.logprobs`` are the raw model's log-probs of the sampled tokens (temperature does not enter)."""
+    """``Sample.logprobs`` are the log-probs of the sampled tokens under the distribution they were drawn from:
+    tempered, and (``min_tokens`` = the whole length) without EOS."""
     engine.sync_weights(tiny_model)
     length = 64
     samples = engine.generate(
@@ -327,7 +337,7 @@ def test_engine_logprobs_match_the_policy(engine, tiny_model, tiny_tokenizer, te
         seed=1,
         return_logprobs=True,
     )
-    max_diff, ratios = max_logprob_diff_and_ratios(tiny_model, tiny_tokenizer, PROMPTS, samples)
+    max_diff, ratios = max_logprob_diff_and_ratios(tiny_model, tiny_tokenizer, PROMPTS, samples, temperature, length)
     print(
         f"\nT={temperature}, {len(ratios)} samples x {length} tokens: max |logprob diff| {max_diff:.2e}, "
         f"importance ratio exp(sum diff) in [{min(ratios):.6f}, {max(ratios):.6f}]"
@@ -363,7 +373,7 @@ def test_sync_weights_matches_hf_greedy_after_embedding_only_change(engine, tiny
 
     # A stale output layer (the tied-weights trap) shows most clearly in the sampled tokens' log-probs.
     sampled = engine.generate(PROMPTS, n=2, min_tokens=length, max_tokens=length, stop=(), seed=2, return_logprobs=True)
-    max_diff, _ = max_logprob_diff_and_ratios(policy, tiny_tokenizer, PROMPTS, sampled)
+    max_diff, _ = max_logprob_diff_and_ratios(policy, tiny_tokenizer, PROMPTS, sampled, min_tokens=length)
     print(f"\nafter an embedding-only sync: max |logprob diff| {max_diff:.2e}")
     assert max_diff < LOGPROB_TOLERANCE
 

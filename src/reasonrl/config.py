@@ -529,6 +529,8 @@ class EIConfig(SFTOptimization):
     sft_epochs: int = 1
     """SFT epochs over each round's kept pairs."""
     temperature: float = 1.0
+    """Sampling temperature of the rounds' rollouts. Harmless to change for the objective: EI trains by SFT on the
+    correct samples it keeps (no ratio, no behaviour log-probs), so it changes only which answers are drawn."""
     min_tokens: int = 4
     """Rollouts shorter than this cannot end: no empty answers."""
     max_tokens: int = 1024
@@ -565,8 +567,12 @@ class GRPOConfig(LoRAOptions):
     group_size: int = 8
     """Responses per question; advantages are relative to the group."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts; the trainer scores the same tempered distribution, ``softmax(logits /
+    temperature)``, for π, π_old, π_ref and the entropy, and the engine's μ is of it too (no top-p: the full
+    vocabulary)."""
     min_tokens: int = 4
-    """Rollouts cannot end before this many tokens (no empty answers)."""
+    """Rollouts cannot end before this many tokens (no empty answers); over them the engine samples, and its μ
+    scores, with EOS masked out."""
     max_tokens: int = 1024
     epochs_per_rollout_batch: int = 1
     """Passes over each rollout batch; > 1 (or train_batch_size < rollout_batch_size) is off-policy."""
@@ -625,7 +631,7 @@ class GRPOConfig(LoRAOptions):
     """Model GRPO starts from."""
     old_log_probs_from: Literal["policy", "engine"] = "policy"
     """Off-policy losses: recompute old log-probs with the policy (exact), or take the engine's (cheaper; differs
-    slightly in numerics)."""
+    slightly in numerics, and over the first ``min_tokens`` tokens is of the distribution without EOS)."""
     max_staleness: int = 0
     """0: the synchronous loop (generate, then train). k ≥ 1: the batch GRPO step s trains on is generated with the
     weights of step s − k exactly (steps < k: the initial weights), by an engine in its own process that generates

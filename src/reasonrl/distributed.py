@@ -177,9 +177,15 @@ class PolicyScorer(torch.nn.Module):
         self.policy = policy
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool = False
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        return_token_entropy: bool = False,
+        temperature: float = 1.0,
     ) -> dict[str, torch.Tensor]:
-        return get_response_log_probs(self.policy, input_ids, labels, return_token_entropy=return_token_entropy)
+        return get_response_log_probs(
+            self.policy, input_ids, labels, return_token_entropy=return_token_entropy, temperature=temperature
+        )
 
 
 def as_scorer(model: torch.nn.Module) -> torch.nn.Module:

@@ -446,16 +446,25 @@ class LaggedRollouts(SynchronousRollouts):
 
 # ---------------------------------------------------------------------------------------------------------- training
 def policy_log_probs(
-    policy: PreTrainedModel, batch: RolloutBatch, rows: list[int], precision: Precision, with_entropy: bool = False
+    policy: PreTrainedModel,
+    batch: RolloutBatch,
+    rows: list[int],
+    precision: Precision,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> dict[str, torch.Tensor]:
-    """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``.
+    """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``,
+    under ``softmax(logits / temperature)``: pass the temperature the responses were sampled at.
     ``policy``: the HF model, or the scorer the loop trains through (``reasonrl.distributed.wrap_for_training``)."""
     device = next(policy.parameters()).device
     tensors = {"input_ids": batch.input_ids, "labels": batch.labels, "response_mask": batch.response_mask}
     trimmed = trim_to_rows(tensors, rows)  # [b, T]
     with compute_precision(device, precision):
         result = as_scorer(policy)(
-            trimmed["input_ids"].to(device), trimmed["labels"].to(device), return_token_entropy=with_entropy
+            trimmed["input_ids"].to(device),
+            trimmed["labels"].to(device),
+            return_token_entropy=with_entropy,
+            temperature=temperature,
         )
     width = trimmed["labels"].shape[1]
     return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
@@ -464,9 +473,9 @@ def policy_log_probs(
 def compute_old_log_probs(
     policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig, ranks: Ranks = SINGLE
 ) -> torch.Tensor:
-    """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref), ``[N, L]``, once
-    per rollout batch and never differentiated; in microbatches of ``old_log_probs_microbatch_tokens`` (no
-    activations are kept, so they can be large)."""
+    """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref) at the sampling
+    temperature ``config.temperature``, ``[N, L]``, once per rollout batch and never differentiated; in microbatches
+    of ``old_log_probs_microbatch_tokens`` (no activations are kept, so they can be large)."""
     rows = list(range(len(batch.responses)))
     parts = split_microbatches(
         rows, batch.sequence_lengths, config.microbatch_size, config.old_log_probs_microbatch_tokens
@@ -474,7 +483,8 @@ def compute_old_log_probs(
     old_log_probs = torch.zeros(batch.labels.shape)  # [N, L]
     for part in equal_counts(parts, ranks):
         with inference_context(policy):
-            scored = policy_log_probs(policy, batch, part or [0], config.precision)["log_probs"].float().cpu()
+            scored = policy_log_probs(policy, batch, part or [0], config.precision, temperature=config.temperature)
+            scored = scored["log_probs"].float().cpu()
         if part:
             old_log_probs[part] = scored
     return old_log_probs
@@ -504,7 +514,8 @@ def accumulate_gradients(
     the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step:
     under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
     normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
-    tokens.
+    tokens. Log-probs and entropy are those of the distribution the responses were sampled from, at
+    ``config.temperature``.
 
     ``importance_weights`` (``[N, L]``, ``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
 
@@ -535,7 +546,7 @@ def accumulate_gradients(
     for index, part in enumerate(parts):
         with gradient_sync(policy, enabled=index == len(parts) - 1):
             if not part:
-                scored = policy_log_probs(policy, batch, [0], config.precision)
+                scored = policy_log_probs(policy, batch, [0], config.precision, temperature=config.temperature)
                 (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
                 continue
             accumulation = weighted_rows / (ranks.world_size * len(part))
@@ -564,7 +575,7 @@ def _microbatch_step(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
     device = next(policy.parameters()).device
-    scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True)
+    scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True, temperature=config.temperature)
     mask = batch.response_mask[part].to(device)  # [b, L]
     step_loss, metadata = grpo_microbatch_train_step(
         scored["log_probs"],

@@ -46,8 +46,12 @@ def get_response_log_probs(
     return_token_entropy: bool = False,
     *,
     chunk_size: int | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """Log-probabilities ``log p(labels[t] | input_ids[:t+1])`` under ``model``, ``[B, T]``, float32.
+
+    ``temperature``: of the distribution ``softmax(logits / temperature)``, the one a sampler at that temperature
+    draws from (log-probs, entropy and gradient alike); at 1.0 the logits are not divided at all.
 
     ``token_entropy`` (``[B, T]``, when asked) is a diagnostic: ``compute_entropy`` of each position's logits,
     computed without gradient, so it costs no activation memory in the backward pass.
@@ -61,10 +65,12 @@ def get_response_log_probs(
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of positions; got {chunk_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature!r}")
     head = model.get_output_embeddings()
     plain_head = f"{type(model).forward.__module__}.{type(model).forward.__qualname__}" in _PLAIN_HEAD_FORWARDS
     if not (plain_head and isinstance(head, nn.Linear)):
-        return _full_logits_log_probs(model, input_ids, labels, return_token_entropy)
+        return _full_logits_log_probs(model, input_ids, labels, return_token_entropy, temperature)
 
     hidden = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # [B, T, H]
     if chunk_size is None:
@@ -76,6 +82,7 @@ def get_response_log_probs(
         labels.reshape(-1),  # [B*T]
         chunk_size,
         return_token_entropy,
+        temperature,
     )
     result = {"log_probs": log_probs.view(labels.shape)}  # [B, T]
     if return_token_entropy:
@@ -84,10 +91,16 @@ def get_response_log_probs(
 
 
 def _full_logits_log_probs(
-    model: PreTrainedModel, input_ids: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    return_token_entropy: bool,
+    temperature: float,
 ) -> dict[str, torch.Tensor]:
     """The fallback for heads the chunked path cannot reproduce: full logits, but still no full ``log_softmax``."""
     logits = model(input_ids).logits.float()  # [B, T, V]
+    if temperature != 1.0:
+        logits = logits / temperature  # not in place: the model's own graph may have saved its logits
     label_logits = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [B, T]
     result = {"log_probs": label_logits - torch.logsumexp(logits, dim=-1)}  # [B, T]
     if return_token_entropy:
@@ -97,7 +110,8 @@ def _full_logits_log_probs(
 
 
 class _ChunkedLinearLogProbs(torch.autograd.Function):
-    """``log_softmax(hidden @ weight.T + bias)`` at ``labels``, by chunks of rows, logits recomputed in backward.
+    """``log_softmax((hidden @ weight.T + bias) / temperature)`` at ``labels``, by chunks of rows, logits recomputed
+    in backward.
 
     One Function over all chunks (rather than a checkpoint per chunk) lets backward accumulate the ``[V, H]`` weight
     gradient into a single buffer, and it needs only one ``[C, V]`` buffer per chunk: the recomputed logits are turned
@@ -105,7 +119,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy, temperature):
         rows = hidden.shape[0]
         log_probs = hidden.new_empty(rows, dtype=torch.float32)  # [N]
         log_normalizer = hidden.new_empty(rows, dtype=torch.float32)  # [N]
@@ -115,7 +129,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         ctx.compute_dtype = _compute_dtype(hidden, weight)
         weight_c, bias_c = _cast(weight, ctx.compute_dtype), _cast(bias, ctx.compute_dtype)
         for rows_slice in _chunks(rows, chunk_size):
-            logits = _logits(hidden[rows_slice].to(ctx.compute_dtype), weight_c, bias_c)  # [C, V]
+            logits = _tempered(_logits(hidden[rows_slice].to(ctx.compute_dtype), weight_c, bias_c), temperature)
             chunk_labels = labels[rows_slice].unsqueeze(-1)  # [C, 1]
             log_normalizer[rows_slice] = torch.logsumexp(logits, dim=-1)
             log_probs[rows_slice] = logits.gather(-1, chunk_labels).squeeze(-1) - log_normalizer[rows_slice]
@@ -123,7 +137,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
                 probs = (logits - log_normalizer[rows_slice].unsqueeze(-1)).exp_()  # [C, V]
                 entropy[rows_slice] = log_normalizer[rows_slice] - probs.mul_(logits).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
         ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
 
@@ -136,13 +150,14 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         # Summed over chunks in float32 even for a 16-bit model: one rounding at the end, not one per chunk.
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None  # [V, H]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None  # [V]
-        grad_log_probs = grad_log_probs.float()  # [N]
+        # d/dz of log_softmax(z / T) is (onehot - softmax(z / T)) / T: the 1/T rides on the incoming gradient.
+        grad_log_probs = grad_log_probs.float() / ctx.temperature  # [N], exact at 1.0
         compute_dtype = ctx.compute_dtype
         weight_c, bias_c = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
         for rows_slice in _chunks(hidden.shape[0], ctx.chunk_size):
             chunk_hidden = hidden[rows_slice].to(compute_dtype)  # [C, H]
             chunk_grad = grad_log_probs[rows_slice].unsqueeze(-1)  # [C, 1]
-            grad_logits = _logits(chunk_hidden, weight_c, bias_c)  # [C, V], recomputed
+            grad_logits = _tempered(_logits(chunk_hidden, weight_c, bias_c), ctx.temperature)  # [C, V], recomputed
             grad_logits.sub_(log_normalizer[rows_slice].unsqueeze(-1)).exp_().mul_(-chunk_grad)  # -g * softmax
             grad_logits.scatter_add_(-1, labels[rows_slice].unsqueeze(-1), chunk_grad)  # + g * onehot(label)
             if need_bias:
@@ -158,7 +173,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if need_bias:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -173,6 +188,11 @@ def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | Non
 
 def _chunks(rows: int, chunk_size: int) -> list[slice]:
     return [slice(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
+
+
+def _tempered(values: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Fresh logits divided by ``temperature`` in place (no second ``[C, V]`` buffer); untouched at 1.0."""
+    return values if temperature == 1.0 else values.div_(temperature)
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -102,7 +102,10 @@ class Sample:
     """Generated token ids, ending with the EOS token when EOS ended the sample (it is trained on: ending is a
     decision of the policy)."""
     logprobs: list[float] | None
-    """Log-prob of each sampled token under the raw model distribution (before temperature/top-p) when asked."""
+    """Log-prob of each sampled token under the distribution it was drawn from, when asked: vLLM's
+    ``processed_logprobs``, after temperature and top-p (``log_softmax(logits / T)`` at top-p 1), and before
+    ``min_tokens`` tokens with the stop tokens masked out, as the sampler masks them (greedy, ``temperature=0``:
+    the untempered distribution)."""
     prompt_token_ids: list[int]
     """The exact prompt ids the engine conditioned on (with any BOS its tokenizer adds): train on these."""
     finish: Literal["eos", "stop_string", "length"]
@@ -209,6 +212,8 @@ class RolloutEngine:
                 enforce_eager=config.enforce_eager,
                 use_tqdm_on_load=False,
                 log_level="WARNING",  # vLLM logs its whole config and every start-up phase at INFO
+                # Sample.logprobs: of the distribution sampled from (after temperature and top-p), not the raw one.
+                logprobs_mode="processed_logprobs",
                 **self._layout_kwargs(config),
                 **self._rank_kwargs(tensor_parallel_size),
             )
