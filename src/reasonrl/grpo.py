@@ -362,7 +362,7 @@ class StepRollouts:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> StepRollouts:
-        """As ``dataclasses.asdict`` wrote them; raises KeyError, TypeError or ValueError for anything else."""
+        """As ``dataclasses.asdict`` wrote them; anything else raises (KeyError, TypeError, ValueError, ...)."""
         from reasonrl.data import GSM8KExample
         from reasonrl.rollout import Sample
 
