@@ -15,9 +15,12 @@ from reasonrl.batching import chunks
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
 from reasonrl.data import parse_lines
-from reasonrl.engine_process import Draw, RolloutProcess, Setup, Validate, WeightLayout
+from reasonrl.engine_process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated, WeightLayout
 from reasonrl.grpo import (
+    DrawnRollouts,
+    LaggedRollouts,
     NonFiniteGuard,
+    StepRollouts,
     accumulate_gradients,
     compute_old_log_probs,
     draw_rollouts,
@@ -145,6 +148,9 @@ def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engi
     logged = json.loads((tmp_path / "live/examples/step_000002.json").read_text())
     assert [example["response"] for example in logged] == [record["response"] for record in result.records[:4]]
     assert column(tmp_path, "eval/accuracy")[1] == result.metrics["accuracy"]  # validations at steps 0, 2, 4, 5
+    # The trainer's time on streaming each step's new weights to the engine, and on waiting for each step's draw.
+    assert len(column(tmp_path, "time/weight_sync_seconds")) == len(column(tmp_path, "time/rollout_seconds")) == 5
+    assert min(column(tmp_path, "time/weight_sync_seconds")) > 0
 
 
 @pytest.mark.slow
@@ -172,6 +178,9 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     trained, initial = policy.state_dict(), load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
     assert all(torch.equal(trained[name], tensor) for name, tensor in expected.state_dict().items())
     assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
+    # Loading the weights into the in-process engine is part of each step's rollout time.
+    syncs, rollouts = column(tmp_path, "time/weight_sync_seconds"), column(tmp_path, "time/rollout_seconds")
+    assert len(syncs) == 5 and all(0 < sync < rollout for sync, rollout in zip(syncs, rollouts, strict=True))
 
 
 def tempered_scores(policy, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,3 +218,53 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     rows = list(range(len(batch.responses)))
     metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs=old_log_probs)
     assert metrics["train/entropy"] == pytest.approx(masked_mean(entropy, mask).item(), rel=1e-4)
+
+
+def recorded_replies(engine_process, monkeypatch) -> list:
+    """Every reply the trainer takes from ``engine_process`` from now on, in order."""
+    replies, reply = [], engine_process.reply
+
+    def recording():
+        replies.append(reply())
+        return replies[-1]
+
+    monkeypatch.setattr(engine_process, "reply", recording)
+    return replies
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_validations_and_checkpoints_wait_for_no_draw_requested_after_them(engine_process, tiny_model_dir, monkeypatch):
+    """Lag 1: the validation of step 0's weights is the engine's first reply (requested with those weights, ahead of
+    the draws of steps 0 and 1); a checkpoint after step 1 takes step 1's rollouts, drawn by the initial weights,
+    and leaves step 2's, drawn by its own weights, to request: its draw goes on after the checkpoint."""
+    config = dataclasses.replace(CONFIG, n_grpo_steps=3, max_staleness=1, rollout_is_cap=2.0)
+    policy, _ = load_policy(tiny_model_dir, torch.device("cpu"))
+    rollouts = LaggedRollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
+    replies = recorded_replies(engine_process, monkeypatch)
+    rollouts.start(0, [])
+    rollouts.validate(0)
+    assert [type(reply) for reply in replies] == [Validated]
+    assert rollouts.batch(0).version == 0
+    rollouts.advance(1)
+    held, to_request = rollouts.in_flight(1)
+    assert [(drawn.step, drawn.version) for drawn in held] == [(1, 0)] and to_request == [2]
+    assert [(type(reply), getattr(reply, "step", None)) for reply in replies] == [
+        (Validated, None), (Drawn, 0), (Drawn, 1)
+    ]  # fmt: skip
+    assert rollouts.batch(1) is held[0] and rollouts.batch(2).version == 1  # nothing left in the engine's queue
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_rollouts_neither_held_nor_requested_fail_at_once(engine_process, tiny_model_dir):
+    """Started at step 4 (lag 2) with the rollouts of steps 4 and 6 but not 5: step 5's batch, never requested,
+    is refused at once instead of waiting for the engine forever."""
+    config = dataclasses.replace(CONFIG, n_grpo_steps=7, eval_every=100, max_staleness=2, rollout_is_cap=2.0)
+    policy, _ = load_policy(tiny_model_dir, torch.device("cpu"))
+    rollouts = LaggedRollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
+    nothing = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[])
+    rollouts.start(4, [StepRollouts(4, 2, nothing), StepRollouts(6, 4, nothing)])  # requests no draw: 6 is held
+    assert rollouts.batch(4).version == 2
+    with pytest.raises(RuntimeError, match="the rollouts of GRPO step 5 were neither held nor requested"):
+        rollouts.batch(5)

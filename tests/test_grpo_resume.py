@@ -1,8 +1,9 @@
 """GRPO resume: kill -9 mid-run, rerun past a newest checkpoint cut short, and end with exactly the weights of an
 uninterrupted run; a completed run leaves nothing to resume; a checkpoint made from other inputs (model, params,
-data) is never resumed."""
+data) is never resumed, nor one whose rollouts in flight were edited or are not the ones its step needs."""
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -21,10 +22,19 @@ from transformers import AutoModelForCausalLM
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.grpo import run_grpo
+from reasonrl.grpo import (
+    StepRollouts,
+    TrainingState,
+    draw_rollouts,
+    in_flight_versions,
+    resume,
+    run_grpo,
+    save_checkpoint,
+    step_seed,
+)
 from reasonrl.presets import apply_to_file, load_preset
 from reasonrl.rollout import RolloutEngine
-from reasonrl.sft import load_policy
+from reasonrl.sft import BestCheckpoint, load_policy
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model
 
@@ -225,8 +235,10 @@ def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_p
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
     saved = json.loads((resumed / "checkpoints/step-000004/state.json").read_text())
-    assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5, 6]
-    assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3, 4]
+    # Steps 5 and 6 drawn by older weights are held; step 6's, drawn by the checkpoint's own, is requested anew.
+    assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5]
+    assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3]
+    assert saved["state"]["to_request"] == [6]
     deadline = time.monotonic() + 60
     while any(Path(f"/proc/{pid}").exists() for pid in engines) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -248,3 +260,106 @@ def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_p
         assert rows == [row.split("\t")[:2] for row in expected.splitlines()], curve
     lags = (resumed / "live/plots/metrics/rollout/policy_lag.tsv").read_text().splitlines()[1:]
     assert [float(row.split("\t")[1]) for row in lags[::4]] == [0, 1, 2, 2, 2, 2, 2]  # 4 optimizer steps a step
+
+
+ASYNC = GRPOConfig(
+    n_grpo_steps=6, rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2,
+    max_tokens=12, max_staleness=2, rollout_is_cap=2.0,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def drawn(engine):
+    """A step's rollouts, drawn by the engine, with the engine's log-probs: what a checkpoint holds in flight."""
+    train = parse_lines(arithmetic_lines(16, 0, 1, 9), "train")
+    with engine.serving():
+        return draw_rollouts(engine, train, ASYNC, EvalConfig().stop, step_seed(ASYNC, 0))
+
+
+def checkpoint_in_flight(policy, directory: Path, step: int, drawn, versions: dict[int, int] | None = None) -> Path:
+    """The checkpoint an asynchronous run of ``ASYNC`` writes after ``step`` steps, holding ``drawn`` as the
+    rollouts of the steps ``versions`` maps to older policy versions (by default the ones it needs)."""
+    versions = in_flight_versions(ASYNC, step) if versions is None else versions
+    state = TrainingState(
+        step=step,
+        in_flight=[StepRollouts(later, version, drawn, 0.5) for later, version in versions.items() if version < step],
+        to_request=[later for later, version in versions.items() if version == step],
+    )
+    live = directory.parent / "live"
+    live.mkdir(exist_ok=True)
+    optimizer = torch.optim.AdamW(policy.parameters())
+    save_checkpoint(directory, policy, optimizer, state, BestCheckpoint(), live, "fingerprint")
+    return directory / f"step-{step:06d}"
+
+
+def resume_async(policy, directory: Path, capsys) -> tuple[TrainingState, list[str]]:
+    capsys.readouterr()
+    optimizer = torch.optim.AdamW(policy.parameters())
+    state = resume(
+        directory, "fingerprint", policy, optimizer, BestCheckpoint(), directory.parent / "live", config=ASYNC
+    )
+    return state, capsys.readouterr().out.splitlines()
+
+
+def edit_state(checkpoint: Path, edit) -> None:
+    file = checkpoint / "state.json"
+    saved = json.loads(file.read_text())
+    edit(saved["state"])
+    file.write_text(json.dumps(saved))
+
+
+EDITS = {
+    "step missing": lambda state: state["in_flight"].pop(0),
+    "field missing": lambda state: state["in_flight"][0].pop("version"),
+    "garbage": lambda state: state.update(in_flight="garbage"),
+    "text changed": lambda state: [
+        sample.update(text=sample["text"] + " x") for sample in state["in_flight"][0]["drawn"]["samples"]
+    ],
+    "token id changed": lambda state: state["in_flight"][1]["drawn"]["samples"][0]["token_ids"].append(0),
+    "nothing to request": lambda state: state["to_request"].clear(),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_checkpoint_whose_rollouts_in_flight_were_edited_is_passed_over(tiny_model, drawn, tmp_path, capsys, edit):
+    """Lag 2, checkpoints after steps 1 and 2, step 2's ``state.json`` edited in its rollouts in flight (steps 2 and
+    3): the resume names the file in one line, leaves the policy untouched by it and resumes step 1's checkpoint,
+    its rollouts of steps 1 and 2 parsed; step 1's edited too: a fresh start."""
+    policy, directory = copy.deepcopy(tiny_model), tmp_path / "checkpoints"
+    shutil.copytree(checkpoint_in_flight(policy, directory, 1, drawn), tmp_path / "kept")
+    at_step_1 = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(1.0)
+    newest = checkpoint_in_flight(policy, directory, 2, drawn)
+    shutil.copytree(tmp_path / "kept", directory / "step-000001")
+    edit_state(newest, EDITS[edit])
+
+    state, log = resume_async(policy, directory, capsys)
+    assert log == [
+        f"GRPO: {newest / 'state.json'}: its rollouts in flight do not match their digest in checkpoint.pt (edited?); "
+        "trying the previous checkpoint",
+        f"GRPO: resuming from {directory / 'step-000001'} (step 1)",
+    ]
+    assert all(torch.equal(tensor, at_step_1[name]) for name, tensor in policy.state_dict().items())
+    assert [(rollouts.step, rollouts.version) for rollouts in state.in_flight] == [(1, 0), (2, 0)]
+    assert state.in_flight[0].drawn == drawn and state.to_request == [3]
+
+    edit_state(directory / "step-000001", EDITS[edit])
+    state, log = resume_async(policy, directory, capsys)
+    assert len(log) == 1 and log[0].endswith("(edited?); starting afresh") and state == TrainingState()
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_without_the_rollouts_its_step_needs_is_not_resumed(tiny_model, drawn, tmp_path, capsys):
+    """Step 2's checkpoint as written, digest and all, but holding the rollouts of steps 2 and 4 (3's missing,
+    4's drawn by weights it does not hold): refused in one line naming what it holds and what it needs."""
+    directory = tmp_path / "checkpoints"
+    checkpoint = checkpoint_in_flight(tiny_model, directory, 2, drawn, versions={2: 0, 4: 2})
+    state, log = resume_async(copy.deepcopy(tiny_model), directory, capsys)
+    assert log == [
+        f"GRPO: {checkpoint / 'state.json'}: its rollouts in flight are of steps {{2: 0}} (step: policy version), to "
+        "request [4]; a run at step 2 holds {2: 0, 3: 1}, to request [4]; starting afresh"
+    ]
+    assert state == TrainingState()

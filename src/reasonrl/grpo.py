@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import hashlib
 import json
 import random
 import time
@@ -25,6 +26,9 @@ from tqdm import tqdm
 
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
 from reasonrl.checkpoints import (
+    STATE_FILE,
+    TENSORS_FILE,
+    CheckpointError,
     read_state,
     read_tensors,
     restore_live,
@@ -324,6 +328,27 @@ def step_seed(config: GRPOConfig, step: int) -> int:
     return config.seed * 1_000_003 + step
 
 
+def policy_version(config: GRPOConfig, step: int) -> int:
+    """The policy version that samples step ``step``'s rollouts: the weights after step − ``max_staleness`` (the
+    initial weights below it)."""
+    return max(0, step - config.max_staleness)
+
+
+def in_flight_versions(config: GRPOConfig, step: int) -> dict[int, int]:
+    """The steps whose rollouts are requested once the policy holds the weights after ``step`` GRPO steps and none
+    of them has been trained on yet (``step`` … ``step + max_staleness``, up to the last step), each with the policy
+    version that draws it; none with ``max_staleness: 0``."""
+    if config.max_staleness == 0:
+        return {}
+    last = min(step + config.max_staleness, config.n_grpo_steps - 1)
+    return {later: policy_version(config, later) for later in range(step, last + 1)}
+
+
+def is_eval_step(config: GRPOConfig, step: int) -> bool:
+    """Whether the loop validates the policy after ``step`` GRPO steps: every ``eval_every`` steps, and at the end."""
+    return step % config.eval_every == 0 or step == config.n_grpo_steps
+
+
 @dataclass
 class StepRollouts:
     """The rollouts GRPO step ``step`` trains on, and the policy version that sampled them: the weights after
@@ -335,11 +360,9 @@ class StepRollouts:
     engine_seconds: float | None = None
     """The engine's own time on them, when it ran beside the trainer."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> StepRollouts:
+        """As ``dataclasses.asdict`` wrote them; anything else raises (KeyError, TypeError, ValueError, ...)."""
         from reasonrl.data import GSM8KExample
         from reasonrl.rollout import Sample
 
@@ -375,43 +398,56 @@ class SynchronousRollouts:
             validate, val=val, eval_config=eval_config, num_examples=config.eval_examples, prompt_name=config.prompt,
             seed=config.seed, ranks=ranks, rewards=rewards,
         )  # fmt: skip
+        self.sync_seconds = 0.0  # the trainer's time on its last hand-off of weights to the engine
 
     def start(self, step: int, in_flight: list[StepRollouts]) -> None:
         """Begin at GRPO step ``step`` (0, or a resumed run's), with the rollouts a checkpoint held in flight."""
 
     def batch(self, step: int) -> StepRollouts:
-        with self.engine.serving(self.policy):
+        serving = self.engine.serving(self.policy)
+        started = time.perf_counter()
+        with serving:  # entered: the engine woken and loaded with the policy's weights
+            self.sync_seconds = time.perf_counter() - started
             drawn = self.draw(self.engine, step_seed=step_seed(self.config, step))
         return StepRollouts(step, step, drawn)
 
-    def validate(self) -> EvalResult:
-        """The policy as it is now, on ``eval_examples`` validation questions."""
+    def validate(self, step: int) -> EvalResult:
+        """The policy as it is now, after ``step`` GRPO steps, on ``eval_examples`` validation questions."""
         return self.check(self.engine, self.policy)
 
     def advance(self, step: int) -> None:
         """The policy now holds the weights after ``step`` GRPO steps."""
 
-    def in_flight(self) -> list[StepRollouts]:
-        """Rollouts drawn for steps not yet trained on, for a checkpoint (waits for those being drawn)."""
-        return []
+    def in_flight(self, step: int) -> tuple[list[StepRollouts], list[int]]:
+        """For a checkpoint after ``step`` GRPO steps: the rollouts drawn for later steps by older weights (waiting
+        for those being drawn), and the later steps that the weights of ``step`` draw (see
+        :meth:`LaggedRollouts.in_flight`)."""
+        return [], []
 
 
 class LaggedRollouts(SynchronousRollouts):
     """``max_staleness: k`` ≥ 1: the engine's own process (:class:`reasonrl.engine_process.RolloutProcess`) samples
     step s's rollouts with the weights after step max(0, s − k), exactly, while the policy trains the steps before
     s. After each step the new weights stream to the engine and step s + k + 1 is requested: the engine works k
-    steps ahead, in request order, so what it samples never depends on timing. Validation is requested after the
-    newest weights: it sees the policy of the step it reports."""
+    steps ahead, in request order, so what it samples never depends on timing. A validation is requested right
+    after the weights of the step it reports, ahead of the draw those weights make: it sees exactly that policy, and
+    its reply waits for no rollouts the trainer does not already need."""
 
     def start(self, step: int, in_flight: list[StepRollouts]) -> None:
         self.lag, self.pending = self.config.max_staleness, {rollouts.step: rollouts for rollouts in in_flight}
         self.requested, self.awaited = max(self.pending, default=step - 1), set()
+        self.validations, self.validated = set(), {}
         self.layout = WeightLayout.of(engine_weights(self.policy, self.engine.config.dtype), self.engine.config.dtype)
         self.engine.setup(Setup(self.draw, self.check))
         self.advance(step)
 
     def advance(self, step: int) -> None:
+        started = time.perf_counter()
         self.engine.load_weights(engine_weights(self.policy, self.layout.dtype), self.layout, step)
+        self.sync_seconds = time.perf_counter() - started
+        if is_eval_step(self.config, step):
+            self.engine.request(Validate())
+            self.validations.add(step)
         for later in range(self.requested + 1, min(step + self.lag, self.config.n_grpo_steps - 1) + 1):
             self.engine.request(Draw(later, step_seed(self.config, later)))
             self.requested = later
@@ -422,26 +458,41 @@ class LaggedRollouts(SynchronousRollouts):
         if isinstance(reply, Drawn):
             self.awaited.remove(reply.step)
             self.pending[reply.step] = StepRollouts(reply.step, reply.version, reply.rollouts, reply.seconds)
+        else:
+            self.validations.remove(reply.version)
+            self.validated[reply.version] = reply.result
         return reply
 
-    def batch(self, step: int) -> StepRollouts:
+    def _drawn(self, step: int) -> StepRollouts:
+        """Step ``step``'s rollouts, waiting for them if they are being drawn; never for a step not requested."""
+        if step not in self.pending and step not in self.awaited:
+            raise RuntimeError(f"the rollouts of GRPO step {step} were neither held nor requested")
         while step not in self.pending:
             self._next_reply()
-        rollouts = self.pending.pop(step)
-        if rollouts.version != max(0, step - self.lag):
+        return self.pending[step]
+
+    def batch(self, step: int) -> StepRollouts:
+        rollouts = self._drawn(step)
+        del self.pending[step]
+        if rollouts.version != policy_version(self.config, step):
             raise RuntimeError(f"step {step} got rollouts of policy version {rollouts.version}, not step − {self.lag}")
         return rollouts
 
-    def validate(self) -> EvalResult:
-        self.engine.request(Validate())
-        while not isinstance(reply := self._next_reply(), Validated):
-            pass
-        return reply.result
-
-    def in_flight(self) -> list[StepRollouts]:
-        while self.awaited:
+    def validate(self, step: int) -> EvalResult:
+        if step not in self.validated and step not in self.validations:
+            raise RuntimeError(f"no validation of the weights after GRPO step {step} was requested")
+        while step not in self.validated:
             self._next_reply()
-        return [self.pending[step] for step in sorted(self.pending)]
+        return self.validated.pop(step)
+
+    def in_flight(self, step: int) -> tuple[list[StepRollouts], list[int]]:
+        """The rollouts of versions older than ``step`` are waited for: they were drawn by weights the checkpoint
+        does not hold. Those of version ``step`` are not: a draw is a pure function of the weights and the step's
+        seed (the engine reseeds every call), so the resumed run requests them again once it has loaded the
+        checkpoint's weights, and the engine goes on drawing them meanwhile."""
+        versions = in_flight_versions(self.config, step)
+        held = [self._drawn(later) for later, version in versions.items() if version < step]
+        return held, [later for later, version in versions.items() if version == step]
 
 
 # ---------------------------------------------------------------------------------------------------------- training
@@ -743,8 +794,46 @@ class TrainingState:
     best_accuracy: float = -1.0
     best_step: int | None = None
     best_interval: dict[str, Any] | None = None
-    in_flight: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """``max_staleness`` ≥ 1: the rollouts drawn for the steps after ``step`` (:meth:`StepRollouts.to_dict`)."""
+    in_flight: list[StepRollouts] = dataclasses.field(default_factory=list)
+    """``max_staleness`` ≥ 1: the rollouts drawn by older weights for the steps after ``step``."""
+    to_request: list[int] = dataclasses.field(default_factory=list)
+    """``max_staleness`` ≥ 1: the steps after ``step`` whose rollouts the weights of ``step`` draw, which the resumed
+    run requests once it has loaded them (:meth:`LaggedRollouts.in_flight`)."""
+
+
+def in_flight_digest(saved_state: Mapping[str, Any]) -> str:
+    """The digest of a checkpoint's rollouts in flight (``in_flight`` and ``to_request`` of the training state, as
+    ``dataclasses.asdict`` or ``state.json`` gives it), kept in its tensors file: an edit of ``state.json`` that
+    changes them, a sample's text or token ids among them, does not match it."""
+    content = {"in_flight": saved_state["in_flight"], "to_request": saved_state["to_request"]}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOConfig | None) -> list[StepRollouts]:
+    """Checkpoint ``path``'s rollouts in flight, parsed, once checked against ``digest`` and against what a run of
+    ``config`` (None: nothing in flight) holds after ``state.step`` steps (:func:`in_flight_versions`: the rollouts
+    of older versions held, those of the checkpoint's own to request); anything else raises
+    :class:`reasonrl.checkpoints.CheckpointError`."""
+    file = path / STATE_FILE
+    saved = {"in_flight": state.in_flight, "to_request": state.to_request}
+    if in_flight_digest(saved) != digest:
+        raise CheckpointError(f"{file}: its rollouts in flight do not match their digest in {TENSORS_FILE} (edited?)")
+    try:
+        in_flight = [StepRollouts.from_dict(rollouts) for rollouts in state.in_flight]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(
+            f"{file}: its rollouts in flight cannot be read ({type(error).__name__}: {error})"
+        ) from error
+    versions = {} if config is None else in_flight_versions(config, state.step)
+    held = {rollouts.step: rollouts.version for rollouts in in_flight}
+    expected = {later: version for later, version in versions.items() if version < state.step}
+    to_request = [later for later, version in versions.items() if version == state.step]
+    if held != expected or state.to_request != to_request:
+        raise CheckpointError(
+            f"{file}: its rollouts in flight are of steps {held} (step: policy version), to request "
+            f"{state.to_request}; a run at step {state.step} holds {expected}, to request {to_request}"
+        )
+    return in_flight
 
 
 def save_checkpoint(
@@ -763,6 +852,7 @@ def save_checkpoint(
     if not ranks.is_main:
         return
     tensors = {"policy": policy_state, "optimizer": optimizer_state, "best": best.state_dict}
+    tensors["in_flight_digest"] = in_flight_digest(asdict(state))
     write_checkpoint(directory, state.step, tensors, state, live_dir, run_fingerprint)
 
 
@@ -773,12 +863,15 @@ def load_checkpoint(
     best: BestCheckpoint,
     live_dir: Path,
     ranks: Ranks = SINGLE,
+    config: GRPOConfig | None = None,
 ) -> TrainingState:
     """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves. The whole
-    checkpoint is read before anything is restored: one that cannot be read raises
+    checkpoint is read and checked before anything is restored, the rollouts in flight of a run of ``config``
+    included (None: nothing in flight; see :func:`parse_in_flight`): one that cannot be read raises
     :class:`reasonrl.checkpoints.CheckpointError` and leaves the policy and the optimizer as they were."""
     _, state = read_state(path, TrainingState)
-    saved = read_tensors(path, ("policy", "optimizer", "best"))
+    saved = read_tensors(path, ("policy", "optimizer", "best", "in_flight_digest"))
+    state.in_flight = parse_in_flight(path, state, saved["in_flight_digest"], config)
     load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
     torch.set_rng_state(saved["torch_rng"])
     best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
@@ -796,12 +889,14 @@ def resume(
     best: BestCheckpoint,
     live_dir: Path,
     ranks: Ranks = SINGLE,
+    config: GRPOConfig | None = None,
 ) -> TrainingState:
     """Continue from the newest readable checkpoint in ``directory`` made from the same inputs
-    (:func:`reasonrl.checkpoints.resume`); else a fresh state."""
+    (:func:`reasonrl.checkpoints.resume`) by a run of ``config`` (see :func:`load_checkpoint`); else a fresh
+    state."""
 
     def load(path: Path) -> TrainingState:
-        return load_checkpoint(path, policy, optimizer, best, live_dir, ranks)
+        return load_checkpoint(path, policy, optimizer, best, live_dir, ranks, config)
 
     return resume_from(directory, run_fingerprint, "GRPO", load, TrainingState(), ranks)
 
@@ -850,19 +945,19 @@ def run_grpo(
     run_fingerprint = fingerprint(
         config, eval_config, engine.config, init_model_dir, train, val, distributed, device, rewards=rewards
     )
-    state = resume(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks)
+    state = resume(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks, config)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     if reference is policy:
         reference = trainer
     train_rows_per_rank = config.train_batch_size // ranks.world_size
     source = SynchronousRollouts if config.max_staleness == 0 else LaggedRollouts
     rollouts = source(engine, policy, train, val, config, eval_config, ranks, rewards)
-    rollouts.start(state.step, [StepRollouts.from_dict(saved) for saved in state.in_flight])
+    rollouts.start(state.step, state.in_flight)
 
     with open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
 
         def evaluate_and_log(step: int) -> None:
-            result = rollouts.validate()
+            result = rollouts.validate(step)
             metrics = result.metrics
             live.step = state.optimizer_steps
             log_validation(live, metrics)
@@ -882,7 +977,7 @@ def run_grpo(
 
         progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
         for step in progress:
-            if step % config.eval_every == 0:
+            if is_eval_step(config, step):
                 evaluate_and_log(step)
             started = time.perf_counter()
 
@@ -950,8 +1045,11 @@ def run_grpo(
             advanced = time.perf_counter()
             state.elapsed_seconds += advanced - started
             timings = {
-                # Lag 0: with waking the engine and loading the weights; lag ≥ 1: the wait for the engine's process.
+                # Lag 0: with waking the engine and loading the weights; lag ≥ 1: the wait for the step's rollouts.
                 "time/rollout_seconds": rolled - started,
+                # Lag 0: waking the engine and loading the weights; lag ≥ 1: streaming them to the engine's process,
+                # which takes them once it has finished the draw it is on.
+                "time/weight_sync_seconds": rollouts.sync_seconds,
                 "time/scoring_seconds": scored - rolled,
                 "time/old_log_prob_seconds": recomputed - scored,
                 "time/train_seconds": trained - recomputed,
@@ -967,7 +1065,7 @@ def run_grpo(
             if keep is not None and config.keep_every and state.step % config.keep_every == 0:
                 keep(state.step, best)
             if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
-                state.in_flight = [pending.to_dict() for pending in rollouts.in_flight()]
+                state.in_flight, state.to_request = rollouts.in_flight(state.step)
                 save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
 
         evaluate_and_log(state.step)
