@@ -18,6 +18,10 @@ import pytest
 SCENARIOS = Path(__file__).with_name("engine_process_scenarios.py")
 ENDS_WITHIN = 15.0
 """Seconds a survivor may take to end after its peer was killed (Python's exit included)."""
+BOOTSTRAP = 90.0
+"""Seconds an engine whose trainer was killed 0.3 s after it appeared may take to end: its first instruction
+(``die_with_parent``) runs once its process has imported the trainer's main module and torch, 33 s after its
+trainer's death on this shared 2-core machine (a few seconds on an idle one); today's engine lived on for minutes."""
 
 
 class Trainer:
@@ -120,10 +124,10 @@ def test_killing_the_trainer_ends_the_engine(phase, tiny_model_dir):
     try:
         trainer.process.kill()
         trainer.process.wait()
-        killed = time.monotonic()
-        while _alive(engine) and time.monotonic() - killed < ENDS_WITHIN:
+        killed, limit = time.monotonic(), BOOTSTRAP if phase == "start" else ENDS_WITHIN
+        while _alive(engine) and time.monotonic() - killed < limit:
             time.sleep(0.1)
-        assert not _alive(engine), f"{phase}: the engine outlived its trainer by {ENDS_WITHIN} s"
+        assert not _alive(engine), f"{phase}: the engine outlived its trainer by {limit} s"
         print(f"{phase}: the engine ended {time.monotonic() - killed:.1f} s after its trainer was killed")
     finally:
         _kill_survivors(engine)
