@@ -6,6 +6,12 @@ to time its kill: ``joined`` once the constructor returned, then ``transfer`` (a
 slowly) or ``draw`` (a draw that lasts two minutes). ``start``: the real engine on the tiny model, starting vLLM
 while the trainer sends its first weights. The other phases run the engine's process with a stand-in engine
 (``SCENARIO_STAND_IN=1``): what is tested there is the channel and the watch of both processes, not vLLM.
+
+``python tests/engine_process_scenarios.py lag K``: the GRPO loop's order of requests at ``max_staleness`` K, with
+the stand-in engine, a weight stream it takes at once, draws of 0.1 and 1.1 s in turn and training steps of 0.6 s;
+prints the seconds per step. ``python tests/engine_process_scenarios.py handoff``: at ``max_staleness`` 2, the
+trainer hands the engine version 1's weights while the two draws queued before them run (3 s each); prints how long
+``load_weights`` took.
 """
 
 import os
@@ -30,7 +36,7 @@ class StandInEngine(rollout.RolloutEngine):
 
     def load_weights(self, weights) -> None:
         for _ in weights:
-            time.sleep(0.25)
+            time.sleep(float(os.environ.get("SCENARIO_TENSOR_SECONDS", "0.25")))
 
 
 # In this process and in the engine's, which imports this module again (spawn) before it starts its engine.
@@ -40,6 +46,53 @@ if os.environ.get("SCENARIO_STAND_IN") == "1":
 
 def slow_draw(engine, step_seed: int):
     time.sleep(120)
+
+
+def uneven_draw(engine, step_seed: int):
+    time.sleep(0.1 if step_seed % 2 else 1.1)
+
+
+def three_second_draw(engine, step_seed: int):
+    time.sleep(3)
+
+
+def handoff() -> None:
+    layout = WeightLayout.of(WEIGHTS, "float32", bucket_bytes=65536 * 4)
+    with RolloutProcess("unused", ENGINE) as process:
+        process.setup(Setup(three_second_draw, three_second_draw))
+        process.load_weights(WEIGHTS, layout, version=0)
+        for step in range(3):
+            process.request(Draw(step=step, step_seed=step))
+        process.reply()
+        started = time.monotonic()
+        process.load_weights(WEIGHTS, layout, version=1)  # behind the draws of steps 1 and 2
+        print(f"handoff: {time.monotonic() - started:.2f} s", flush=True)
+
+
+def lag(max_staleness: int, steps: int = 14, warmup: int = 2) -> None:
+    """``reasonrl.grpo.LaggedRollouts``'s requests (after each step the new weights, then the draw ``max_staleness``
+    steps ahead), the engine's work and the trainer's alternately faster and slower than each other."""
+    layout = WeightLayout.of(WEIGHTS, "float32", bucket_bytes=65536 * 4)
+    with RolloutProcess("unused", ENGINE) as process:
+        process.setup(Setup(uneven_draw, uneven_draw))
+        requested = -1
+
+        def advance(step: int) -> None:
+            nonlocal requested
+            process.load_weights(WEIGHTS, layout, version=step)
+            for later in range(requested + 1, min(step + max_staleness, steps - 1) + 1):
+                process.request(Draw(step=later, step_seed=later))
+                requested = later
+
+        advance(0)
+        for step in range(steps):
+            if step == warmup:
+                started = time.monotonic()
+            assert process.reply().step == step
+            time.sleep(0.6)  # training
+            advance(step + 1)
+        ended = time.monotonic()
+    print(f"max_staleness {max_staleness}: {(ended - started) / (steps - warmup):.3f} s/step", flush=True)
 
 
 def main(phase: str, model_dir: str) -> None:
@@ -63,4 +116,9 @@ def main(phase: str, model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1] == "lag":
+        lag(int(sys.argv[2]))
+    elif sys.argv[1] == "handoff":
+        handoff()
+    else:
+        main(*sys.argv[1:])

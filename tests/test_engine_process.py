@@ -131,3 +131,16 @@ def test_killing_the_trainer_ends_the_engine(phase, tiny_model_dir):
         print(f"{phase}: the engine ended {time.monotonic() - killed:.1f} s after its trainer was killed")
     finally:
         _kill_survivors(engine)
+
+
+def test_weights_for_a_lag_of_two_are_handed_off_while_the_engine_draws():
+    """``max_staleness`` 2: after step 0 the engine still has the draws of steps 1 and 2 to do (3 s each) before it
+    takes version 1's weights; the trainer hands them off and goes on (it needs only step 1's draw next)."""
+    environ = {**os.environ, "SCENARIO_STAND_IN": "1", "SCENARIO_TENSOR_SECONDS": "0"}
+    result = subprocess.run(
+        [sys.executable, str(SCENARIOS), "handoff"], capture_output=True, text=True, env=environ, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    seconds = float(re.search(r"handoff: ([\d.]+) s", result.stdout)[1])
+    print(f"load_weights took {seconds} s")
+    assert seconds < 1.0

@@ -54,8 +54,8 @@ BUCKET_BYTES = 256 * 2**20
 CHANNEL_TIMEOUT = datetime.timedelta(minutes=5)
 """How long the channel's set-up or one bucket's transfer may take once both ends are at it."""
 
-POLL_SECONDS = 0.05
-"""How often a waiting end looks at its peer."""
+POLL_SECONDS = 0.01
+"""How often a waiting end looks at its peer (a reply ends the trainer's wait at once)."""
 
 TRAINER, ENGINE = 0, 1
 
@@ -187,7 +187,7 @@ class WeightChannel:
         # GPU-only: NCCL's wait() only makes the CUDA stream wait; is_completed() asks from the host
         while not work.is_completed():
             self._raise_if_aborted()
-            time.sleep(POLL_SECONDS / 10)
+            time.sleep(POLL_SECONDS)
 
     def _raise_if_aborted(self) -> None:
         if self._aborted:
@@ -329,17 +329,17 @@ def share_cpu_threads(config: EngineConfig) -> int | None:
     return engine
 
 
-class _Transfer:
-    """A call on a daemon thread of its own, begun once the transfer before it (``after``) ended: transfers keep
-    their order, the trainer goes on meanwhile, and one blocked on a dead peer never keeps the process from
-    exiting."""
+class _Threaded:
+    """A channel call (joining, a stream) on a daemon thread of its own, begun once the one before it (``after``)
+    ended: streams keep their order, the trainer goes on or watches the engine meanwhile, and a call blocked on a
+    dead peer never keeps the process from exiting."""
 
-    def __init__(self, call: Callable[[], Any], after: _Transfer | None) -> None:
+    def __init__(self, call: Callable[[], Any], after: _Threaded | None) -> None:
         self.result, self.error = None, None
         self._thread = threading.Thread(target=self._run, args=(call, after), name="reasonrl-weights", daemon=True)
         self._thread.start()
 
-    def _run(self, call: Callable[[], Any], after: _Transfer | None) -> None:
+    def _run(self, call: Callable[[], Any], after: _Threaded | None) -> None:
         if after is not None:
             after._thread.join()
         try:
@@ -364,7 +364,10 @@ class RolloutProcess:
     in the engine's dtype on the policy's device: ``max_staleness − 1`` in the GRPO loop, in the memory plan) while
     a thread streams the oldest. With ``d`` = 1 (``max_staleness`` 1) the weights stream straight from the policy
     before :meth:`load_weights` returns. What the engine samples never depends on this timing: it serves its
-    requests in order."""
+    requests in order.
+
+    Make it on the thread that closes it (the stages' main thread): the kernel ends the engine's process when that
+    thread ends (``PR_SET_PDEATHSIG``)."""
 
     model_dir: str | Path
     config: EngineConfig
@@ -378,7 +381,7 @@ class RolloutProcess:
     """Replies read while watching a transfer, before :meth:`reply` asked for them."""
     _awaited: int = field(init=False, repr=False, default=0)
     """Requests sent that have not been answered yet."""
-    _transfers: list[_Transfer] = field(init=False, repr=False, default_factory=list)
+    _transfers: list[_Threaded] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         from reasonrl.memory import check_gpus
@@ -403,7 +406,7 @@ class RolloutProcess:
         )  # fmt: skip
         self._process.start()
         try:
-            joining = _Transfer(lambda: WeightChannel(store, TRAINER, self.policy_device()), None)
+            joining = _Threaded(lambda: WeightChannel(store, TRAINER, self.policy_device()), None)
             self._watch(lambda: joining.done, "joining the weight channel", joining)
             self._channel = joining.result
         except BaseException:
@@ -434,7 +437,7 @@ class RolloutProcess:
         if packed > 0:
             buckets = list(buckets)  # a copy: the policy goes on training
         channel, previous = self._channel, self._transfers[-1] if self._transfers else None
-        transfer = _Transfer(lambda: channel.send(buckets, version), previous)
+        transfer = _Threaded(lambda: channel.send(buckets, version), previous)
         self._transfers = [*(t for t in self._transfers if not t.done), transfer]
         if packed <= 0:
             self._watch(lambda: transfer.done, doing)
@@ -449,17 +452,20 @@ class RolloutProcess:
         self._awaited -= 1
         return self._early.popleft()
 
-    def _watch(self, done: Callable[[], bool], doing: str, joining: _Transfer | None = None) -> None:
+    def _watch(self, done: Callable[[], bool], doing: str, joining: _Threaded | None = None) -> None:
         """Wait until ``done()``, reading the engine's replies meanwhile; raise as soon as the engine's process
         failed or died, or a transfer failed (and abort the channel). ``doing``: what the trainer waits for, for the
         error."""
+        wait = 0.0
         while True:
             with contextlib.suppress(queue.Empty):
-                while True:
-                    reply = self._replies.get_nowait()
+                while True:  # the first get waits (the poll's pause, ended by a reply), the others drain the queue
+                    reply = self._replies.get(timeout=wait) if wait else self._replies.get_nowait()
+                    wait = 0.0
                     if isinstance(reply, Failed):
                         self._fail(f"the rollout engine's process failed:\n{reply.traceback}")
                     self._early.append(reply)
+            wait = POLL_SECONDS
             if done():
                 return
             if not self._process.is_alive():
@@ -474,7 +480,6 @@ class RolloutProcess:
                 if transfer is not None and transfer.error is not None:
                     self.abort()
                     raise transfer.error
-            time.sleep(POLL_SECONDS)
 
     def _fail(self, message: str) -> None:
         self.abort()
