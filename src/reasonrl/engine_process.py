@@ -432,10 +432,10 @@ class RolloutProcess:
         packed = self._awaited - 1  # versions that may wait packed, this one included
         doing = f"streaming the weights of policy version {version}"
         self._watch(lambda: sum(not transfer.done for transfer in self._transfers) < max(packed, 1), doing)
-        self._requests.put(LoadWeights(version, layout))
         buckets = pack(weights, layout, self.policy_device())
         if packed > 0:
             buckets = list(buckets)  # a copy: the policy goes on training
+        self._requests.put(LoadWeights(version, layout))
         channel, previous = self._channel, self._transfers[-1] if self._transfers else None
         transfer = _Threaded(lambda: channel.send(buckets, version), previous)
         self._transfers = [*(t for t in self._transfers if not t.done), transfer]
