@@ -89,9 +89,14 @@ def _reach(trainer: Trainer, phase: str) -> int:
     return engine
 
 
-# "start": 0.3 s after the engine's process appeared; "starting vLLM": once the channel is joined, while the engine
-# starts vLLM (the real one, on the tiny model) and the trainer waits to send the first weights.
-PHASES = ["start", "joined", "transfer", "draw"]
+# "start": 0.3 s after the engine's process appeared; "joined": once the channel is joined, while the engine starts
+# vLLM (the real one, on the tiny model) and the trainer waits to send the first weights.
+PHASES = [
+    pytest.param("start", marks=pytest.mark.slow),
+    pytest.param("joined", marks=pytest.mark.slow),
+    "transfer",
+    "draw",
+]
 
 
 @pytest.mark.parametrize("phase", PHASES)
