@@ -1,4 +1,4 @@
-"""Seconds per GRPO step on CPU: asynchronous GRPO (``grpo.max_staleness: 1``) against the synchronous loop.
+"""Seconds per GRPO step on CPU: asynchronous GRPO (``grpo.max_staleness`` ≥ 1) against the synchronous loop.
 
 Both peers run the library's own loop, ``reasonrl.grpo.run_grpo``, on the same tiny Qwen2 (the pipeline's own,
 ``prepare_base_model``: BPE trained on synthetic arithmetic problems, random weights, fp32) from the same initial
@@ -11,10 +11,11 @@ every step a gradient, as training with rewards would).
 
 - synchronous (``max_staleness: 0``, today's default): the engine in this process; generate, then train; engine and
   policy each use all ``--threads`` threads in turn.
-- asynchronous (``max_staleness: 1``, ``rollout_is_cap: 2``): the engine in its own process pinned to the first
-  half of the cores, the trainer pinned to the rest (one core each on 2 cores); step s trains on rollouts drawn with
-  step s − 1's weights while the engine draws step s + 1's. The correction needs π_old, so this peer also runs the
-  old-log-prob pass, which the synchronous REINFORCE step skips: its cost is in the comparison.
+- asynchronous (``max_staleness: --max-staleness``, 1 by default, ``rollout_is_cap: 2``): the engine in its own
+  process pinned to the first half of the cores, the trainer pinned to the rest (one core each on 2 cores); step s
+  trains on rollouts drawn with step s − k's weights while the engine draws the next steps'. The correction needs
+  π_old, so this peer also runs the old-log-prob pass, which the synchronous REINFORCE step skips: its cost is in
+  the comparison.
 
 Timing: ``time/step_seconds`` of each GRPO step as the loop logs it (rollouts or the wait for them, scoring,
 old log-probs, training, and for the asynchronous peer streaming the new weights to the engine), validation left
@@ -78,6 +79,7 @@ def parse_args() -> argparse.Namespace:
         "--no-pin", action="store_true", help="async: leave the engine and the trainer to the OS scheduler"
     )
     parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
+    parser.add_argument("--max-staleness", type=int, default=1, help="the asynchronous peer's lag (≥ 1)")
     parser.add_argument("--gpu-train-seconds", type=float, default=4.3 + 2.4, help="1.5B training phase (H200)")
     parser.add_argument("--gpu-tokens", type=int, default=256 * 360, help="response tokens per 1.5B step")
     parser.add_argument(
@@ -165,7 +167,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         model_dir = Path(workdir) / "model"
         train = build_model(model_dir)
-        for lag, name in ((1, "async"), (0, "sync")):  # async first: the in-process engine binds its threads
+        # async first: the in-process engine binds its threads
+        for lag, name in ((args.max_staleness, "async"), (0, "sync")):
             if args.peers in ("both", name):
                 times = run_peer(lag, model_dir, train, config, args, Path(workdir))
                 medians[name] = report(f"{name} (max_staleness {lag})", times, args.warmup_steps)

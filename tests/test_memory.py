@@ -8,8 +8,9 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import AutoModelForCausalLM
 
-from reasonrl import memory
+from reasonrl import engine_process, memory
 from reasonrl.config import ConfigError, EngineConfig, GRPOConfig, Params, from_dict, parse_yaml
+from reasonrl.engine_process import WeightLayout, pack
 from reasonrl.logprobs import _ChunkedLinearLogProbs
 from reasonrl.memory import (
     GIB,
@@ -18,6 +19,7 @@ from reasonrl.memory import (
     check_memory_plan,
     output_layer_backward_bytes,
     plan_memory,
+    weight_transfer_bytes,
 )
 
 # Qwen2.5-Math-1.5B: hidden 1536, 28 layers, MLP 8960, vocabulary 151,936 with tied embeddings, 12 heads and 2 KV
@@ -200,3 +202,66 @@ def test_the_output_layer_formula_is_the_backward_pass_measured_on_cpu(precision
     planned = output_layer_backward_bytes(shape, precision) + states.numel() * states.element_size()
     print(f"\n{precision}, H = {hidden}: planned {planned:,} bytes, measured peak {peak:,}")
     assert planned <= peak <= planned + 4 * rows * hidden + 16 * tokens
+
+
+def test_the_weight_hand_off_to_the_engines_process_is_in_the_plan(full_scale):
+    """``grpo.max_staleness`` ≥ 1 at 1.5B, bf16 on the engine: packing holds a bucket beside the tensor copied into
+    it, each at most the 151,936 × 1536 embedding (2 × 466,747,392 bytes); every lag step beyond the first keeps a
+    packed copy of the weights, the tied output layer streamed too (1,543,714,304 + 233,373,696 parameters × 2 bytes),
+    while the policy trains."""
+    plans = [
+        plan_memory(
+            QWEN_1_5B, dataclasses.replace(full_scale.grpo, max_staleness=lag, rollout_is_cap=2.0), full_scale.rollout,
+            CARD_80GB,
+        )
+        for lag in (0, 1, 2)
+    ]  # fmt: skip
+    assert plans[0].weight_transfer == 0
+    assert plans[1].weight_transfer == 2 * 466_747_392 == 933_494_784
+    assert plans[2].weight_transfer - plans[1].weight_transfer == 2 * (1_543_714_304 + 233_373_696) == 3_554_176_000
+    assert plans[2].training - plans[0].training == plans[2].weight_transfer
+    assert plans[2].generating == plans[0].generating  # split: the engine generates on its own GPU
+    print(f"\nmax_staleness 2: {plans[2].summary()}")
+    assert "weight hand-off 4.2 GiB" in plans[2].summary()
+    check_memory_plan(plans[2], "grpo", full_scale.rollout)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_weight_hand_off_measured_on_cpu_is_the_plans(staged, monkeypatch):
+    """``reasonrl.engine_process.pack`` on float32 weights cast to bfloat16 as ``engine_weights`` casts them, the
+    embedding larger than a bucket: streamed, its peak beyond the weights is the plan's packing (the embedding's
+    bucket beside its cast copy); packed aside (``staged``), the bf16 weights with the tied output layer."""
+    vocab, hidden, bucket = 4096, 64, 64 * 2**10
+    monkeypatch.setattr(engine_process, "BUCKET_BYTES", bucket)
+    generator = torch.Generator().manual_seed(0)
+    weights = {"embed": torch.randn(vocab, hidden, generator=generator)}
+    weights |= {f"layer{index}": torch.randn(64, 64, generator=generator) for index in range(8)}
+    weights["lm_head"] = weights["embed"]  # tied, as a state dict holds it
+
+    def cast():
+        for name, tensor in weights.items():
+            yield name, tensor.to(torch.bfloat16)
+
+    layout = WeightLayout.of(cast(), "bfloat16", bucket)
+    tracker = MemTracker()
+    tracker.track_external(*weights.values())
+    with tracker:
+        before = tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+        if staged:
+            kept = list(pack(cast(), layout, torch.device("cpu")))
+        else:
+            for buffer in pack(cast(), layout, torch.device("cpu")):
+                del buffer
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] - before
+    parameters = vocab * hidden + 8 * 64 * 64  # tied: the embedding once
+    shape = dataclasses.replace(QWEN_1_5B, vocab_size=vocab, hidden_size=hidden, parameters=parameters)
+    engine = EngineConfig(dtype="bfloat16")
+    packing = weight_transfer_bytes(shape, engine, 1)
+    print(f"\nstaged {staged}: measured peak {peak:,} bytes; planned packing {packing:,}")
+    if staged:
+        held = sum(buffer.numel() * buffer.element_size() for buffer in kept)
+        assert held == weight_transfer_bytes(shape, engine, 2) - packing
+        assert held < peak <= held + packing
+    else:
+        assert packing == 2 * 2 * vocab * hidden
+        assert peak == packing

@@ -10,8 +10,14 @@ Weights cross through a process group of two ranks, {trainer: 0, engine: 1}, mad
 ``torch.distributed``'s default group, which torchrun runs own): gloo on the CPU, NCCL between two GPUs. They are
 the trainer's merged weights in the engine's dtype (:func:`reasonrl.rollout.engine_weights`), packed in order into
 flat buckets of at most ``BUCKET_BYTES`` and streamed bucket by bucket: the engine loads each bucket's tensors while
-the next one is in transit, and neither side ever holds a second whole copy of the model. Apart from the backend
-and the devices the buffers live on, the CPU and the GPU run the same code, which the CPU tests cover.
+the next one is in transit. A stream starts only when the engine has reached its :class:`LoadWeights` (it says so
+through the store), so the channel's timeout bounds transfers, never the engine's draws.
+
+Neither side blocks on the other without watching it. The two ends connect when the engine's process starts, before
+vLLM does (NCCL would otherwise connect at the first send). The trainer's transfers run on a thread of their own
+while it polls the engine's process and its replies: a death or a failure there is reported within a second, with
+the engine's traceback when it left one, and the channel is aborted (NCCL's ``wait()`` only orders the CUDA stream:
+it would never raise). The engine's process dies with the trainer's (``PR_SET_PDEATHSIG``), whatever it is doing.
 
 Requests and replies are pickled by :mod:`multiprocessing`; both ends are this package in processes it started.
 """
@@ -21,9 +27,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import multiprocessing
+import os
 import queue
+import signal
+import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +51,11 @@ if TYPE_CHECKING:
 BUCKET_BYTES = 256 * 2**20
 """The most one transfer of the weight stream carries (vLLM's and TRL's weight-update examples bucket similarly)."""
 
-CHANNEL_TIMEOUT = datetime.timedelta(minutes=30)
-"""How long either end of the weight channel waits for the other (the engine can be busy generating)."""
+CHANNEL_TIMEOUT = datetime.timedelta(minutes=5)
+"""How long the channel's set-up or one bucket's transfer may take once both ends are at it."""
+
+POLL_SECONDS = 0.01
+"""How often a waiting end looks at its peer (a reply ends the trainer's wait at once)."""
 
 TRAINER, ENGINE = 0, 1
 
@@ -83,6 +96,9 @@ class WeightLayout:
             buckets.append(range(start, len(self.shapes)))
         return buckets
 
+    def sizes(self, bucket: range) -> list[int]:
+        return [_numel(self.shapes[index]) for index in bucket]
+
 
 def _numel(shape: tuple[int, ...]) -> int:
     count = 1
@@ -91,19 +107,45 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
+def pack(
+    weights: Iterable[tuple[str, torch.Tensor]], layout: WeightLayout, device: torch.device
+) -> Iterator[torch.Tensor]:
+    """``weights`` (in ``layout``'s order and shapes) as ``layout``'s flat buckets on ``device``, one at a time: at
+    most a bucket and the tensors being copied into it exist beside the weights (the memory plan's packing)."""
+    weights = iter(weights)
+    for bucket in layout.buckets():
+        buffer = _packed(weights, layout, bucket, device)
+        yield buffer
+        del buffer  # before the next bucket is allocated (the consumer drops its reference too)
+
+
+def _packed(
+    weights: Iterator[tuple[str, torch.Tensor]], layout: WeightLayout, bucket: range, device: torch.device
+) -> torch.Tensor:
+    sizes = layout.sizes(bucket)
+    buffer = torch.empty(sum(sizes), dtype=getattr(torch, layout.dtype), device=device)
+    for index, part in zip(bucket, buffer.split(sizes), strict=True):
+        name, tensor = next(weights)
+        if name != layout.names[index] or tuple(tensor.shape) != layout.shapes[index]:
+            raise RuntimeError(f"weight {index} is {name} {tuple(tensor.shape)}, not as the layout says")
+        part.copy_(tensor.reshape(-1))
+    return buffer
+
+
 class WeightChannel:
     """One end of the {trainer, engine} weight stream: a process group of two ranks over a ``torch.distributed``
-    store the trainer hosts (gloo, or NCCL when ``device`` is a GPU)."""
+    store the trainer hosts (gloo, or NCCL when ``device`` is a GPU). The constructor returns once both ends are
+    connected; each call blocks the calling thread (see :class:`RolloutProcess` for who watches it)."""
 
     def __init__(self, store: torch.distributed.Store, rank: int, device: torch.device) -> None:
-        # Each constructor blocks until the other end has made its half (a rendezvous through the store).
-        if device.type == "cpu":
+        self._store, self._device, self._aborted = store, device, False  # the store serves while this lives
+        if device.type == "cpu":  # gloo connects both ends in its constructor
             self._group = torch.distributed.ProcessGroupGloo(store, rank, 2, CHANNEL_TIMEOUT)
-        else:  # GPU-only
+        else:  # GPU-only: NCCL connects at its first operation unless told to now
             options = torch.distributed.ProcessGroupNCCL.Options()
             options._timeout = CHANNEL_TIMEOUT  # how torch.distributed itself sets an NCCL group's timeout
             self._group = torch.distributed.ProcessGroupNCCL(store, rank, 2, options)
-        self._store, self._device = store, device  # the trainer's store serves only while this reference lives
+            self._group.eager_connect_single_device(device)
 
     @staticmethod
     def host() -> torch.distributed.TCPStore:
@@ -116,28 +158,46 @@ class WeightChannel:
     def join(port: int) -> torch.distributed.TCPStore:
         return torch.distributed.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=CHANNEL_TIMEOUT)
 
-    def send(self, weights: Iterable[tuple[str, torch.Tensor]], layout: WeightLayout) -> None:
-        """Stream ``weights`` (in ``layout``'s order, dtype and shapes) to the engine, bucket by bucket."""
-        weights = iter(weights)
-        dtype = getattr(torch, layout.dtype)
-        for bucket in layout.buckets():
-            parts = []
-            for index in bucket:
-                name, tensor = next(weights)
-                if name != layout.names[index] or tuple(tensor.shape) != layout.shapes[index]:
-                    raise RuntimeError(f"weight {index} is {name} {tuple(tensor.shape)}, not as the layout says")
-                parts.append(tensor.to(self._device, dtype).reshape(-1))
-            self._group.send([torch.cat(parts)], ENGINE, 0).wait()
+    def send(self, buckets: Iterable[torch.Tensor], version: int) -> None:
+        """Stream the packed buckets of policy ``version`` (:func:`pack`) once the engine asks for them."""
+        key = f"receiving/{version}"
+        while not self._store.check([key]):
+            self._raise_if_aborted()
+            time.sleep(POLL_SECONDS)
+        self._store.delete_key(key)
+        for buffer in buckets:
+            self._finish(self._group.send([buffer], ENGINE, 0))
+            del buffer  # before the next bucket is packed
 
-    def receive(self, layout: WeightLayout) -> Iterator[tuple[str, torch.Tensor]]:
-        """The trainer's stream, tensor by tensor, each a view of its bucket's buffer."""
-        dtype = getattr(torch, layout.dtype)
+    def receive(self, layout: WeightLayout, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainer's stream of policy ``version``, tensor by tensor, each a view of its bucket's buffer."""
+        self._store.set(f"receiving/{version}", "")
         for bucket in layout.buckets():
-            sizes = [_numel(layout.shapes[index]) for index in bucket]
-            buffer = torch.empty(sum(sizes), dtype=dtype, device=self._device)
-            self._group.recv([buffer], TRAINER, 0).wait()
+            sizes = layout.sizes(bucket)
+            buffer = torch.empty(sum(sizes), dtype=getattr(torch, layout.dtype), device=self._device)
+            self._finish(self._group.recv([buffer], TRAINER, 0))
             for index, part in zip(bucket, buffer.split(sizes), strict=True):
                 yield layout.names[index], part.view(layout.shapes[index])
+
+    def _finish(self, work) -> None:
+        """Block this thread until a bucket crossed; raise if the peer's connection closed or :meth:`abort` ran."""
+        if self._device.type == "cpu":
+            work.wait()  # gloo: returns when the bucket crossed, raises when the peer's connection closed
+            return
+        # GPU-only: NCCL's wait() only makes the CUDA stream wait; is_completed() asks from the host
+        while not work.is_completed():
+            self._raise_if_aborted()
+            time.sleep(POLL_SECONDS)
+
+    def _raise_if_aborted(self) -> None:
+        if self._aborted:
+            raise RuntimeError("the weight channel was aborted")
+
+    def abort(self) -> None:
+        """Tear the group down: a transfer still waiting on the peer (NCCL's, forever) ends with an error."""
+        if not self._aborted:
+            self._aborted = True
+            self._group.abort()
 
 
 # ---------------------------------------------------------------------------------------------------- requests
@@ -201,13 +261,20 @@ class Failed:
 
 
 # ------------------------------------------------------------------------------------------------- the engine's side
-def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, requests, replies) -> None:
-    """The engine process: join the weight channel, start the engine, then answer requests in order until
-    :class:`Stop`. A failure is sent back as :class:`Failed` with its traceback, and ends the process."""
+def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, parent: int, requests, replies) -> None:
+    """The engine process: die with the trainer's process ``parent``, join the weight channel, start the engine,
+    then answer requests in order until :class:`Stop`. A failure is sent back as :class:`Failed` with its
+    traceback, and ends the process."""
+    from reasonrl.launch import die_with_parent
+
+    die_with_parent(parent, "the rollout engine's process")  # first: from here on no wait outlives the trainer
     try:
-        # First, so that the trainer, waiting at the rendezvous, hears of any later failure as a reply.
         device = torch.device("cpu" if config.layout == "cpu" else config.engine_device)
-        channel = WeightChannel(WeightChannel.join(port), ENGINE, device)
+        if device.type == "cuda":
+            # GPU-only: the engine's GPU current from the start, so that neither the channel nor RolloutEngine (which
+            # records the current GPU as the policy's, and makes it current again) opens a context on the trainer's.
+            torch.cuda.set_device(device)
+        channel = WeightChannel(WeightChannel.join(port), ENGINE, device)  # before vLLM: the trainer waits here
         if threads is not None:
             torch.set_num_threads(threads)
         from reasonrl.rollout import RolloutEngine
@@ -222,7 +289,7 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
                 setup = request
             elif isinstance(request, LoadWeights):
                 with engine.serving():  # each request is one generation phase (validate's own included)
-                    engine.load_weights(channel.receive(request.layout))
+                    engine.load_weights(channel.receive(request.layout, request.version))
                 version = request.version
             elif isinstance(request, Draw):
                 started = time.perf_counter()
@@ -262,11 +329,45 @@ def share_cpu_threads(config: EngineConfig) -> int | None:
     return engine
 
 
+class _Threaded:
+    """A channel call (joining, a stream) on a daemon thread of its own, begun once the one before it (``after``)
+    ended: streams keep their order, the trainer goes on or watches the engine meanwhile, and a call blocked on a
+    dead peer never keeps the process from exiting."""
+
+    def __init__(self, call: Callable[[], Any], after: _Threaded | None) -> None:
+        self.result, self.error = None, None
+        self._thread = threading.Thread(target=self._run, args=(call, after), name="reasonrl-weights", daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], Any], after: _Threaded | None) -> None:
+        if after is not None:
+            after._thread.join()
+        try:
+            self.result = call()
+        except BaseException as error:
+            self.error = error
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
 @dataclass
 class RolloutProcess:
     """The trainer's handle on the engine process: the same ``config`` and ``policy_device()`` as an in-process
     :class:`reasonrl.rollout.RolloutEngine`, requests instead of calls. Close it (or use it as a context manager)
-    to stop the process."""
+    to stop the process.
+
+    :meth:`load_weights` hands the weights off without waiting for the engine where it can: the engine takes a
+    version's weights only after the replies requested before it, so with ``d`` of them still to come the trainer
+    would wait for the first one next anyway, and up to ``d − 1`` versions wait packed (a copy of the weights each,
+    in the engine's dtype on the policy's device: ``max_staleness − 1`` in the GRPO loop, in the memory plan) while
+    a thread streams the oldest. With ``d`` = 1 (``max_staleness`` 1) the weights stream straight from the policy
+    before :meth:`load_weights` returns. What the engine samples never depends on this timing: it serves its
+    requests in order.
+
+    Make it on the thread that closes it (the stages' main thread): the kernel ends the engine's process when that
+    thread ends (``PR_SET_PDEATHSIG``)."""
 
     model_dir: str | Path
     config: EngineConfig
@@ -275,7 +376,12 @@ class RolloutProcess:
     _process: Any = field(init=False, repr=False)
     _requests: Any = field(init=False, repr=False)
     _replies: Any = field(init=False, repr=False)
-    _channel: WeightChannel = field(init=False, repr=False)
+    _channel: WeightChannel | None = field(init=False, repr=False, default=None)
+    _early: deque = field(init=False, repr=False, default_factory=deque)
+    """Replies read while watching a transfer, before :meth:`reply` asked for them."""
+    _awaited: int = field(init=False, repr=False, default=0)
+    """Requests sent that have not been answered yet."""
+    _transfers: list[_Threaded] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         from reasonrl.memory import check_gpus
@@ -291,12 +397,23 @@ class RolloutProcess:
         store = WeightChannel.host()
         self._process = context.Process(
             target=serve,
-            args=(str(self.model_dir), self.config, store.port, self.engine_threads, self._requests, self._replies),
+            args=(
+                str(self.model_dir), self.config, store.port, self.engine_threads, os.getpid(), self._requests,
+                self._replies,
+            ),
             name="reasonrl-engine",
             daemon=True,
-        )
+        )  # fmt: skip
         self._process.start()
-        self._channel = self._wait_for(lambda: WeightChannel(store, TRAINER, self.policy_device()))
+        try:
+            joining = _Threaded(lambda: WeightChannel(store, TRAINER, self.policy_device()), None)
+            self._watch(lambda: joining.done, "joining the weight channel", joining)
+            self._channel = joining.result
+        except BaseException:
+            if self._process.is_alive():  # stuck in its half of the channel, it would never read a Stop
+                self._process.kill()
+            self._process.join()
+            raise
 
     @property
     def pid(self) -> int:
@@ -311,47 +428,77 @@ class RolloutProcess:
         self._requests.put(request)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], layout: WeightLayout, version: int) -> None:
-        """Send a policy's weights (returns once they are streamed: the engine loads them while the trainer goes
-        on)."""
+        """Send a policy's weights; returns once they are streamed or packed aside (see the class docstring)."""
+        packed = self._awaited - 1  # versions that may wait packed, this one included
+        doing = f"streaming the weights of policy version {version}"
+        self._watch(lambda: sum(not transfer.done for transfer in self._transfers) < max(packed, 1), doing)
+        buckets = pack(weights, layout, self.policy_device())
+        if packed > 0:
+            buckets = list(buckets)  # a copy: the policy goes on training
         self._requests.put(LoadWeights(version, layout))
-        self._wait_for(lambda: self._channel.send(weights, layout))
+        channel, previous = self._channel, self._transfers[-1] if self._transfers else None
+        transfer = _Threaded(lambda: channel.send(buckets, version), previous)
+        self._transfers = [*(t for t in self._transfers if not t.done), transfer]
+        if packed <= 0:
+            self._watch(lambda: transfer.done, doing)
 
     def request(self, request: Draw | Validate) -> None:
         self._requests.put(request)
+        self._awaited += 1
 
     def reply(self) -> Drawn | Validated:
         """The next reply, in request order; raises :class:`EngineProcessError` if the engine failed or died."""
-        while True:
-            try:
-                reply = self._replies.get(timeout=1.0)
-            except queue.Empty:
-                if not self._process.is_alive():
-                    raise EngineProcessError(
-                        f"the rollout engine's process died (exit code {self._process.exitcode}) without a reply"
-                    ) from None
-                continue
-            if isinstance(reply, Failed):
-                raise EngineProcessError(f"the rollout engine's process failed:\n{reply.traceback}")
-            return reply
+        self._watch(lambda: bool(self._early), "waiting for its reply")
+        self._awaited -= 1
+        return self._early.popleft()
 
-    def _wait_for(self, transfer):
-        """Run a channel operation; a dead engine is reported with its traceback rather than as a channel timeout."""
-        try:
-            return transfer()
-        except RuntimeError as error:
+    def _watch(self, done: Callable[[], bool], doing: str, joining: _Threaded | None = None) -> None:
+        """Wait until ``done()``, reading the engine's replies meanwhile; raise as soon as the engine's process
+        failed or died, or a transfer failed (and abort the channel). ``doing``: what the trainer waits for, for the
+        error."""
+        wait = 0.0
+        while True:
             with contextlib.suppress(queue.Empty):
-                failed = self._replies.get(timeout=5.0)
-                if isinstance(failed, Failed):
-                    raise EngineProcessError(f"the rollout engine's process failed:\n{failed.traceback}") from error
-            raise
+                while True:  # the first get waits (the poll's pause, ended by a reply), the others drain the queue
+                    reply = self._replies.get(timeout=wait) if wait else self._replies.get_nowait()
+                    wait = 0.0
+                    if isinstance(reply, Failed):
+                        self._fail(f"the rollout engine's process failed:\n{reply.traceback}")
+                    self._early.append(reply)
+            wait = POLL_SECONDS
+            if done():
+                return
+            if not self._process.is_alive():
+                with contextlib.suppress(queue.Empty):  # a traceback it sent as it ended
+                    while not isinstance(reply := self._replies.get(timeout=0.5), Failed):
+                        self._early.append(reply)
+                    self._fail(f"the rollout engine's process failed:\n{reply.traceback}")
+                code = self._process.exitcode
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                self._fail(f"the rollout engine's process (PID {self.pid}) died ({how}) while {doing}")
+            for transfer in [*self._transfers, joining]:
+                if transfer is not None and transfer.error is not None:
+                    self.abort()
+                    raise transfer.error
+
+    def _fail(self, message: str) -> None:
+        self.abort()
+        raise EngineProcessError(message)
+
+    def abort(self) -> None:
+        """Tear the weight channel down (a transfer blocked on the engine ends)."""
+        if self._channel is not None:
+            self._channel.abort()
 
     def close(self) -> None:
+        """Stop the engine's process (once it took the weights still on their way), then the channel."""
         if self._process.is_alive():
             self._requests.put(Stop())
             self._process.join(timeout=60)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
+        self.abort()
 
     def __enter__(self) -> RolloutProcess:
         return self

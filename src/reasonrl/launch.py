@@ -79,15 +79,16 @@ PR_SET_PDEATHSIG = 1
 """From ``<linux/prctl.h>``: the signal the kernel sends a process when its parent ends."""
 
 
-def die_with_parent(parent: int) -> None:
-    """Have the kernel send this process SIGTERM when ``parent`` ends, however it ends; exit now if it has already
-    (then no signal would come). Only the thread that started this process counts as its parent: torchrun starts
-    the ranks from its main thread, which lives as long as the launcher."""
+def die_with_parent(parent: int, child: str) -> None:
+    """Have the kernel send this process SIGTERM when ``parent`` ends, however it ends; exit now, naming ``child``
+    (this process), if it has already (then no signal would come). Only the thread that started this process counts
+    as its parent: torchrun starts the ranks from its main thread, which lives as long as the launcher (and so must
+    whatever starts a process that calls this)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != parent:
-        sys.exit(f"reasonrl.launch: the launcher (PID {parent}) ended before this rank started")
+        sys.exit(f"{child}: its parent (PID {parent}) ended before it started")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.rank_of is not None:  # a rank torchrun started: the command torchrun itself would have run
-        die_with_parent(args.rank_of)
+        die_with_parent(args.rank_of, "reasonrl.launch: this rank")
         os.execv(sys.executable, [sys.executable, "-u", args.script, *args.script_args])
     if args.nproc_per_node * args.nnodes == 1:
         os.execv(sys.executable, [sys.executable, args.script, *args.script_args])

@@ -3,8 +3,9 @@
 A stage that trains holds, on the policy's GPU: the weights, their gradients and AdamW's two moments (4 bytes each per
 parameter in ``mixed`` precision; 2 bytes each in ``bf16``), in ``mixed`` autocast's bf16 copy of the decoder layers'
 weights (each saved for the backward pass), the activations of one microbatch, the chunked output layer's backward
-buffers (:func:`output_layer_backward_bytes`), and in ``colocate`` the rollout engine's share (with LoRA, gradients
-and AdamW state are the adapters' alone). Two moments matter there:
+buffers (:func:`output_layer_backward_bytes`), in ``colocate`` the rollout engine's share (with LoRA, gradients
+and AdamW state are the adapters' alone), and with the engine in its own process (``grpo.max_staleness`` ≥ 1) the
+weight hand-off (:func:`weight_transfer_bytes`). Two moments matter there:
 
 - generating (engine awake): the policy's weights and optimizer state stay resident beside the engine's
   ``gpu_memory_utilization`` share (gradients are freed after every optimizer step);
@@ -44,6 +45,7 @@ RESERVE_BYTES = 3 * GIB
 """Not the plan's to give away: the CUDA context, allocator fragmentation, and what a sleeping engine keeps (CUDA
 graphs, sampler buffers)."""
 BYTES_PER_PARAMETER = {"mixed": (4, 4, 8, 2), "bf16": (2, 2, 4, 0)}
+ENGINE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Weights, gradients, AdamW state, and autocast's bf16 copy of the weights, per parameter."""
 MIXED_ACTIVATION_FACTOR = 1.25
 
@@ -167,6 +169,8 @@ class MemoryPlan:
     engine_while_training: int
     """The engine's share while the policy trains: 0 when it sleeps or lives on another GPU."""
     device: int
+    weight_transfer: int = 0
+    """The weights handed to the engine's own process (:func:`weight_transfer_bytes`)."""
 
     @property
     def resident(self) -> int:
@@ -180,7 +184,9 @@ class MemoryPlan:
     @property
     def training(self) -> int:
         policy = self.resident + self.gradients + self.autocast_weights + self.activations + self.output_layer
-        return policy + self.gathered + self.engine_while_training + RESERVE_BYTES
+        # The hand-off's packed copies wait while the policy trains; its packing, between two steps, is counted here
+        # too (it never meets the activations: a bound, not an estimate).
+        return policy + self.gathered + self.engine_while_training + self.weight_transfer + RESERVE_BYTES
 
     def parts(self, engine: int) -> dict[str, int]:
         """The plan's uses by name, with ``engine`` as the engine's share."""
@@ -193,6 +199,7 @@ class MemoryPlan:
             "activations": self.activations + self.autocast_weights,
             "output layer": self.output_layer,
             "FSDP2 gathered": self.gathered,
+            "weight hand-off": self.weight_transfer,
             "engine": engine,
         }
 
@@ -214,6 +221,22 @@ def output_layer_backward_bytes(shape: ModelShape, precision: Precision) -> int:
     chunk = rows * shape.vocab_size
     cast = 2 * vocab_hidden if precision == "mixed" else 0
     return 4 * vocab_hidden + cast + max(8 * chunk, 2 * chunk + 2 * vocab_hidden)
+
+
+def weight_transfer_bytes(shape: ModelShape, engine: EngineConfig, max_staleness: int) -> int:
+    """What the trainer holds to hand its weights to the engine's own process (``max_staleness`` ≥ 1;
+    :class:`reasonrl.engine_process.RolloutProcess`): the bucket being packed beside the tensor being copied into it
+    (each at most the larger of a bucket and the largest tensor, the ``[V, H]`` embedding, in the engine's dtype;
+    ``mixed`` casts that tensor first), and ``max_staleness − 1`` packed copies of the weights waiting for the
+    engine, which carry the output layer's weight even when it is tied to the embedding."""
+    if max_staleness == 0:
+        return 0
+    from reasonrl.engine_process import BUCKET_BYTES
+
+    element = ENGINE_DTYPE_BYTES[engine.dtype]
+    vocab_hidden = shape.vocab_size * shape.hidden_size
+    packing = 2 * max(BUCKET_BYTES, element * vocab_hidden)
+    return packing + (max_staleness - 1) * element * (shape.parameters + vocab_hidden)
 
 
 def plan_memory(
@@ -263,6 +286,7 @@ def plan_memory(
         engine=engine_share,
         engine_while_training=0 if sleeps else engine_share,
         device=device_bytes,
+        weight_transfer=weight_transfer_bytes(shape, engine, getattr(settings, "max_staleness", 0)),
     )
 
 
@@ -288,6 +312,8 @@ def check_memory_plan(plan: MemoryPlan, section: str, engine: EngineConfig) -> N
         advice = f"lower {section}.microbatch_tokens"
         if not plan.engine_while_training == 0:
             advice = "set rollout.enable_sleep=true, " + advice
+        if plan.weight_transfer:
+            advice += ", lower grpo.max_staleness"
         raise ConfigError(
             f"{section}.microbatch_tokens: training needs {_gib(plan.training)} on a {_gib(plan.device)} GPU "
             f"({_listing(plan.parts(plan.engine_while_training))}); {advice}, set "

@@ -190,7 +190,9 @@ class RolloutEngine:
         # Every stage that samples starts here, the evaluation stages without a memory plan: a GPU the layout lacks
         # is named now, not by vLLM's "invalid device ordinal" (split on one GPU) or torch's missing driver.
         check_gpus(config, torch.cuda.device_count())
-        # The current GPU before vLLM changes it: cuda:0, or under torchrun the rank's own (set by init_ranks).
+        # The current GPU before vLLM changes it: cuda:0, under torchrun the rank's own (set by init_ranks), in the
+        # engine's own process the engine's (set by reasonrl.engine_process.serve): the constructor makes it current
+        # again at the end, and so never opens a context on a GPU that is not this process's.
         self._policy_device = (
             torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
         )
