@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
-from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
+from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import EngineConfig, load_params
 from reasonrl.data import load_gsm8k
@@ -34,10 +34,11 @@ def main() -> None:
     data_files = [Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"]
     train, val = (load_gsm8k(path) for path in data_files)
 
+    kept = kept_directory(args.kept) if config.keep_every else None
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
-    # One run at a time writes the checkpoints, the curves and the outputs: rank 0 holds the lock for the whole run
-    # (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
-    with checkpoint_lock(args.checkpoints) if ranks.is_main else contextlib.nullcontext():
+    # One run at a time writes the checkpoints, the kept policies, the curves and the outputs: rank 0 holds the locks
+    # for the whole run (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
+    with checkpoint_lock(args.checkpoints, kept) if ranks.is_main else contextlib.nullcontext():
         shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
 
         def engine_process(model_dir: Path, rollout: EngineConfig) -> RolloutProcess:
@@ -52,7 +53,7 @@ def main() -> None:
             weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
             if ranks.is_main:
                 card = render_card(params, "grpo", f"the policy after step {step}", best, "step", data_files, commit)
-                save_policy(policy, tokenizer, Path(args.kept) / f"step_{step:06d}", weights, card)
+                save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
 
         try:
             best = run_grpo(

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from reasonrl.atomic import atomic_write_json
-from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
+from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
@@ -45,15 +45,16 @@ def main() -> None:
     val = load_gsm8k(val_file)
 
     commit = git_commit()
+    kept = kept_directory(args.kept) if config.keep_every else None
     # One run at a time writes the checkpoints, the kept policies, the curves and the outputs.
-    with checkpoint_lock(args.checkpoints):
+    with checkpoint_lock(args.checkpoints, kept):
         engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
 
         def keep(step: int, best: BestCheckpoint) -> None:
             card = render_card(
                 params, "sft", f"the policy after optimizer step {step}", best, "step", [pairs_file, val_file], commit
             )
-            save_policy(policy, tokenizer, Path(args.kept) / f"step_{step:06d}", card=card)
+            save_policy(policy, tokenizer, kept / f"step_{step:06d}", card=card)
 
         best = run_sft(
             policy,

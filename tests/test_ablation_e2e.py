@@ -255,11 +255,12 @@ def render_markdown(*args, **kwargs):
 """
 
 
-def test_a_queued_experiment_runs_the_code_it_records(repo):
+def test_a_queued_experiment_runs_the_code_it_records_and_keeps_its_policies(repo):
     """``dvc exp run --queue`` records the workspace, code included, and the queue runs it later in a copy of the
     repository. Edit the report's code, queue, revert, run the queue: the experiment's report holds the edit (its
     stages import the copy's package, not the live checkout's), and only the report reran (GRPO's checkpoints are
-    no output that a fresh copy could miss)."""
+    no output that a fresh copy could miss). A second experiment, run at the same time, keeps GRPO's policy every
+    step: they outlive its copy, in the workspace under its name."""
     clone, env = repo
     run(["dvc", "exp", "apply", "reference"], clone, env)  # not the two-ranks run the test before left
     run(["git", "add", "-A"], clone, env)
@@ -270,9 +271,15 @@ def test_a_queued_experiment_runs_the_code_it_records(repo):
     module.write_text(original + REPORT_EDIT)
     run(["dvc", "exp", "run", "--queue", "--name", "queued-edit"], clone, env)
     module.write_text(original)
-    run(["dvc", "exp", "run", "--run-all"], clone, env)  # starts a worker, follows the queue until it is done
+    run(["dvc", "exp", "run", "--queue", "--name", "queued-kept", "-S", "grpo.keep_every=1"], clone, env)
+    run(["dvc", "exp", "run", "--run-all", "-j", "2"], clone, env)  # starts workers, follows the queue to its end
     log = run(["dvc", "queue", "logs", "queued-edit"], clone, env)
     assert [line for line in log.splitlines() if line.startswith("Running stage")] == ["Running stage 'report':"], log
+    kept = clone / "models/kept/queued-kept/grpo"
+    assert sorted(path.name for path in kept.iterdir()) == ["step_000001", "step_000002"]  # grpo.n_grpo_steps 2
+    assert "the policy after step 2" in (kept / "step_000002/README.md").read_text(encoding="utf-8")
+    assert (kept / "step_000002/model.safetensors").stat().st_size > 0
+    assert not (clone / "models/kept/grpo").exists() and not (clone / "models/kept/queued-edit").exists()
     run(["dvc", "exp", "apply", "queued-edit"], clone, env)
     assert "A queued edit." in (clone / "reports/report.md").read_text()
     assert module.read_text() == original + REPORT_EDIT  # the experiment records the code it ran

@@ -1,15 +1,18 @@
 """The checkpoint store SFT and expert iteration share with GRPO (issue 23, item 5), without an engine: an SFT
 checkpoint restores the weights, AdamW, the schedule's place, the data order and the best weights, so two steps then
 a resume and two more equal four uninterrupted steps; a checkpoint made from other inputs (params, init model, data,
-code) is not resumed; the keep_every params."""
+code) is not resumed; the keep_every params and where the kept policies go."""
 
 import copy
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from dvc.env import DVC_EXP_BASELINE_REV, DVC_EXP_NAME, DVC_ROOT, DVC_STAGE
 
-from reasonrl.checkpoints import remove_checkpoints, resume, write_checkpoint
+from reasonrl.atomic import LockedError
+from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints, resume, write_checkpoint
 from reasonrl.code_deps import SOURCE
 from reasonrl.config import ConfigError, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample
@@ -153,3 +156,33 @@ def test_the_sft_and_ei_fingerprints_change_with_params_init_model_data_and_code
 def test_keep_and_checkpoint_params_are_validated(make, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make()
+
+
+# What DVC 3.67 puts in a stage's environment (dvc.stage.run.prepare_kwargs, dvc.repo.experiments.queue.base): for
+# every stage its name and the repository's root; for an experiment also its name and baseline, with DVC_ROOT the
+# workspace it was started from even when it runs in a copy under .dvc/tmp/exps (queued, --temp).
+REPRO = {DVC_STAGE: "grpo", DVC_ROOT: "/work/repo"}
+EXPERIMENT = REPRO | {DVC_EXP_NAME: "clip-higher", DVC_EXP_BASELINE_REV: "39cc16b74e508f1f63d166a3d165091006ccecb1"}
+
+
+def test_kept_policies_go_to_the_workspace_under_the_experiment_name():
+    """``dvc repro`` and Snakemake keep in ``--kept`` as given; a DVC experiment in the workspace it was started from,
+    under its own name: a queued one's copy of the repository is deleted when it ends."""
+    assert kept_directory("models/kept/grpo", {}) == Path("models/kept/grpo")  # Snakemake, a stage by hand
+    assert kept_directory("models/kept/grpo", REPRO) == Path("models/kept/grpo")
+    assert kept_directory("models/kept/sft", EXPERIMENT) == Path("/work/repo/models/kept/clip-higher/sft")
+    assert kept_directory("/scratch/kept/grpo", EXPERIMENT) == Path("/scratch/kept/clip-higher/grpo")
+
+
+def test_two_runs_of_one_experiment_name_cannot_keep_at_once(tmp_path):
+    """DVC queues two experiments of one name: the second to lock their shared kept directory stops with the
+    holder's PID; experiments of other names, or a run that keeps nothing, do not wait on it."""
+    workspace = {DVC_ROOT: str(tmp_path)}
+    same = kept_directory("models/kept/grpo", EXPERIMENT | workspace)
+    other = kept_directory("models/kept/grpo", EXPERIMENT | workspace | {DVC_EXP_NAME: "no-baseline"})
+    with checkpoint_lock(tmp_path / "copy-1/checkpoints", same):
+        with pytest.raises(LockedError, match=f"{same}: in use by another run"):
+            with checkpoint_lock(tmp_path / "copy-2/checkpoints", same):
+                pass
+        with checkpoint_lock(tmp_path / "copy-3/checkpoints", other), checkpoint_lock(tmp_path / "copy-4/checkpoints"):
+            pass

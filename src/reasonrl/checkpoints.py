@@ -5,6 +5,8 @@ directory each: the run's fingerprint and its training state as JSON, its tensor
 ``torch.load(weights_only=True)``, its DVCLive directory as files. A new checkpoint is on disk whole before the
 previous one goes; a rerun continues from the newest one made from the same inputs (:func:`run_fingerprint`) and
 starts afresh, saying so, from any other. The stage removes them once its outputs are saved.
+
+The policies a stage keeps for later (``--kept``) live outside DVC's outputs too, in :func:`kept_directory`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -170,11 +173,28 @@ def resume(
     return state
 
 
+def kept_directory(kept: str | Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """Where a stage keeps its policies, given ``--kept`` (``models/kept/grpo``, relative to the repository's root,
+    where DVC runs the stages): there under ``dvc repro`` and Snakemake; for a DVC experiment (``dvc exp run``, queued
+    or not) ``models/kept/<experiment name>/grpo`` in the workspace the experiment was started from.
+
+    A queued experiment runs in a copy of the repository under ``.dvc/tmp/exps`` that DVC deletes when it ends. DVC
+    gives every experiment's stages the workspace (``DVC_ROOT``) and the experiment's name (``DVC_EXP_NAME``, one
+    path component: DVC refuses a name with ``/``), so experiments running at once keep theirs apart."""
+    name, workspace = environ.get("DVC_EXP_NAME"), environ.get("DVC_ROOT")
+    if not name or not workspace:
+        return Path(kept)
+    in_workspace = Path(workspace) / kept  # an absolute ``kept`` stays where it is
+    return in_workspace.parent / name / in_workspace.name
+
+
 @contextmanager
-def checkpoint_lock(directory: str | Path) -> Iterator[None]:
+def checkpoint_lock(directory: str | Path, kept: Path | None = None) -> Iterator[None]:
     """One run at a time on a stage's checkpoint ``directory`` (:func:`reasonrl.atomic.exclusive_lock`), which first
-    clears the half-written checkpoints of killed runs (none is live: the lock)."""
-    with exclusive_lock(directory):
+    clears the half-written checkpoints of killed runs (none is live: the lock), and on the ``kept`` policies'
+    directory if given: a queued experiment's checkpoints are in its own copy, but DVC queues two experiments of one
+    name, whose kept policies would share a directory (and each run's atomic writes clear the other's temporaries)."""
+    with exclusive_lock(directory), exclusive_lock(kept) if kept is not None else contextlib.nullcontext():
         remove_temporaries(directory)
         yield
 
