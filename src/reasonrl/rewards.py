@@ -125,15 +125,25 @@ def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
     """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`)."""
     function = reward_fn(spec, root)
     for response, ground_truth in PROBES:
-        probe = f"on the probe ({response!r}, {ground_truth!r})"
-        try:
-            result = function(response, ground_truth)
-        except Exception as error:
-            raise RewardSpecError(f"{spec} raised {type(error).__name__}: {error} {probe}") from None
-        breach = contract_breach(result)
-        if breach:
-            raise RewardSpecError(f"{spec} {breach} {probe}")
+        graded(
+            function, response, ground_truth, spec, f"on the probe ({response!r}, {ground_truth!r})", RewardSpecError
+        )
     return function
+
+
+def graded(
+    function: RewardFn, response: str, ground_truth: str, where: str, on: str, error: type[ValueError]
+) -> dict[str, float]:
+    """``function(response, ground_truth)``, or ``error`` naming ``where`` and ``on`` (which call) when it raises or
+    breaks its contract (:func:`contract_breach`)."""
+    try:
+        result = function(response, ground_truth)
+    except Exception as exception:
+        raise error(f"{where} raised {type(exception).__name__}: {exception} {on}") from exception
+    breach = contract_breach(result)
+    if breach:
+        raise error(f"{where} {breach} {on}")
+    return result
 
 
 def shorten(text: str, head: int = 120, tail: int = 60) -> str:
@@ -150,16 +160,8 @@ def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
 
     @functools.wraps(function)
     def checked_reward(response: str, ground_truth: str) -> dict[str, float]:
-        where = f"{param} ({spec})"
         on = f"on the response {shorten(response)} with ground truth {shorten(ground_truth)}"
-        try:
-            result = function(response, ground_truth)
-        except Exception as error:
-            raise RewardError(f"{where} raised {type(error).__name__}: {error} {on}") from error
-        breach = contract_breach(result)
-        if breach:
-            raise RewardError(f"{where} {breach} {on}")
-        return result
+        return graded(function, response, ground_truth, f"{param} ({spec})", on, RewardError)
 
     return checked_reward
 
