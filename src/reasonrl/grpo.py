@@ -1047,8 +1047,8 @@ def run_grpo(
             timings = {
                 # Lag 0: with waking the engine and loading the weights; lag ≥ 1: the wait for the step's rollouts.
                 "time/rollout_seconds": rolled - started,
-                # Lag 0: waking the engine and loading the weights; lag ≥ 1: streaming them to the engine's process,
-                # which takes them once it has finished the draw it is on.
+                # Lag 0: waking the engine and loading the weights; lag 1: streaming them to the engine's process,
+                # which takes them once it has finished the draw it is on; lag ≥ 2: packing them aside for it.
                 "time/weight_sync_seconds": rollouts.sync_seconds,
                 "time/scoring_seconds": scored - rolled,
                 "time/old_log_prob_seconds": recomputed - scored,
