@@ -8,7 +8,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import AutoModelForCausalLM
 
-from reasonrl import engine_process, memory
+from reasonrl import memory
 from reasonrl.config import ConfigError, EngineConfig, GRPOConfig, Params, from_dict, parse_yaml
 from reasonrl.engine_process import WeightLayout, pack
 from reasonrl.logprobs import _ChunkedLinearLogProbs
@@ -232,7 +232,7 @@ def test_the_weight_hand_off_measured_on_cpu_is_the_plans(staged, monkeypatch):
     embedding larger than a bucket: streamed, its peak beyond the weights is the plan's packing (the embedding's
     bucket beside its cast copy); packed aside (``staged``), the bf16 weights with the tied output layer."""
     vocab, hidden, bucket = 4096, 64, 64 * 2**10
-    monkeypatch.setattr(engine_process, "BUCKET_BYTES", bucket)
+    monkeypatch.setattr(memory, "BUCKET_BYTES", bucket)
     generator = torch.Generator().manual_seed(0)
     weights = {"embed": torch.randn(vocab, hidden, generator=generator)}
     weights |= {f"layer{index}": torch.randn(64, 64, generator=generator) for index in range(8)}

@@ -42,14 +42,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from reasonrl.errors import UserError
+from reasonrl.memory import BUCKET_BYTES, check_gpus
 
 if TYPE_CHECKING:
     from reasonrl.config import EngineConfig
     from reasonrl.evaluation import EvalResult
     from reasonrl.grpo import DrawnRollouts
-
-BUCKET_BYTES = 256 * 2**20
-"""The most one transfer of the weight stream carries (vLLM's and TRL's weight-update examples bucket similarly)."""
 
 CHANNEL_TIMEOUT = datetime.timedelta(minutes=5)
 """How long the channel's set-up or one bucket's transfer may take once both ends are at it."""
@@ -384,7 +382,6 @@ class RolloutProcess:
     _transfers: list[_Threaded] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        from reasonrl.memory import check_gpus
         from reasonrl.rollout import RolloutEngine
 
         check_gpus(self.config, torch.cuda.device_count())

@@ -40,6 +40,10 @@ from typing import Protocol
 from reasonrl.config import LAYOUT_GPUS, ConfigError, EngineConfig, Precision
 from reasonrl.logprobs import CHUNK_LOGITS_BYTES
 
+BUCKET_BYTES = 256 * 2**20
+"""The most one transfer of the weight stream to the engine's own process carries
+(:mod:`reasonrl.engine_process`; vLLM's and TRL's weight-update examples bucket similarly)."""
+
 GIB = 2**30
 RESERVE_BYTES = 3 * GIB
 """Not the plan's to give away: the CUDA context, allocator fragmentation, and what a sleeping engine keeps (CUDA
@@ -231,8 +235,6 @@ def weight_transfer_bytes(shape: ModelShape, engine: EngineConfig, max_staleness
     engine, which carry the output layer's weight even when it is tied to the embedding."""
     if max_staleness == 0:
         return 0
-    from reasonrl.engine_process import BUCKET_BYTES
-
     element = ENGINE_DTYPE_BYTES[engine.dtype]
     vocab_hidden = shape.vocab_size * shape.hidden_size
     packing = 2 * max(BUCKET_BYTES, element * vocab_hidden)
