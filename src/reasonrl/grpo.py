@@ -448,7 +448,9 @@ class LaggedRollouts(SynchronousRollouts):
         if is_eval_step(self.config, step):
             self.engine.request(Validate())
             self.validations.add(step)
-        for later in range(self.requested + 1, min(step + self.lag, self.config.n_grpo_steps - 1) + 1):
+        for later in in_flight_versions(self.config, step):
+            if later <= self.requested:
+                continue
             self.engine.request(Draw(later, step_seed(self.config, later)))
             self.requested = later
             self.awaited.add(later)
