@@ -20,7 +20,7 @@ import yaml
 
 from reasonrl.data import ANSWER_FORMATS, JsonlFields
 from reasonrl.errors import ConfigError
-from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
+from reasonrl.loss_registry import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES, loss_types_where
 from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
 from reasonrl.rewards import RewardSpecError, check_reward
 from reasonrl.schedules import LR_SCHEDULES
@@ -591,8 +591,8 @@ class GRPOConfig(LoRAOptions):
     """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
     (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
     loss_type: LossTypeName = "reinforce_with_baseline"
-    """``no_baseline``: raw reward; ``reinforce_with_baseline``: group-normalised advantage; ``grpo_clip``:
-    PPO-style clipped ratio (arXiv:1707.06347), safe off-policy; ``grpo_no_clip``: the unclipped ratio."""
+    """The policy-gradient loss, a loss type of ``reasonrl.loss_registry``: its entry says its weight (raw reward or
+    group-normalised advantage), its importance ratio if any (which makes it safe off-policy) and the params it reads."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
     length_normalization: LengthNormalization = "masked_mean"
@@ -674,10 +674,11 @@ class GRPOConfig(LoRAOptions):
             "grpo.cliprange_high",
             f"must be > 0 or null, got {self.cliprange_high}",
         )
+        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
         _require(
-            self.cliprange_high is None or LOSS_TYPES[self.loss_type].ratio == "clipped",
+            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
             "grpo.cliprange_high",
-            f"only grpo_clip clips; set it to null or grpo.loss_type to grpo_clip (it is {self.loss_type})",
+            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
         )
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
         _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
@@ -728,13 +729,14 @@ class GRPOConfig(LoRAOptions):
             f"({self.rollout_batch_size}) must be divisible by grpo.train_batch_size ({self.train_batch_size})",
         )
         off_policy = self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
+        with_ratio = " or ".join(loss_types_where(lambda entry: entry.needs_old_log_probs))
         _require(
             not off_policy or LOSS_TYPES[self.loss_type].needs_old_log_probs,
             "grpo.loss_type",
             f"{self.loss_type} has no importance ratio, but grpo.epochs_per_rollout_batch "
             f"({self.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({self.train_batch_size}) < "
             f"grpo.rollout_batch_size ({self.rollout_batch_size}) trains later optimizer steps on samples of an older "
-            f"policy (a biased gradient): use grpo_clip or grpo_no_clip, or one optimizer step per rollout batch",
+            f"policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
         )
         # After the batch sizes' checks: the run's optimizer steps count whole train batches.
         _require(

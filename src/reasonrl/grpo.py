@@ -54,7 +54,7 @@ from reasonrl.distributed import (
 from reasonrl.engine_process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated, WeightLayout
 from reasonrl.errors import UserError
 from reasonrl.lora import adapters_disabled, trainable_parameters
-from reasonrl.loss_types import LOSS_TYPES
+from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.losses import (
     compute_group_normalized_rewards,
     grpo_microbatch_train_step,
@@ -580,8 +580,7 @@ def accumulate_gradients(
     if config.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
     token_means = {"train/entropy": 0.0}
-    if LOSS_TYPES[config.loss_type].ratio == "clipped":
-        token_means |= {"train/clip_fraction": 0.0, "train/clip_fraction_low": 0.0, "train/clip_fraction_high": 0.0}
+    token_means |= {f"train/{metric}": 0.0 for metric in LOSS_TYPES[config.loss_type].token_metrics}
     if config.kl_coef > 0:
         token_means["train/kl"] = 0.0
     step_rows = ranks.sum(len(rows))
@@ -742,7 +741,7 @@ def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig
         return True
     if config.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
-    weights = batch.raw_rewards if LOSS_TYPES[config.loss_type].weight == "raw_rewards" else batch.advantages  # [N]
+    weights = getattr(batch, LOSS_TYPES[config.loss_type].weight)  # [N]: batch.raw_rewards or batch.advantages
     return ranks.sum((weights[rows] != 0).sum().item()) > 0  # NaN counts as a signal: the NaN guard reports it
 
 

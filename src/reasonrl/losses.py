@@ -7,7 +7,15 @@ from collections.abc import Callable
 
 import torch
 
-from reasonrl.loss_types import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES
+from reasonrl.loss_registry import (
+    KL_ESTIMATORS,
+    LENGTH_NORMALIZATIONS,
+    LOSS_TYPES,
+    LossSettings,
+    clipped_ratio_loss,
+    ratio_loss,
+    reinforce_loss,
+)
 
 
 # ---------------------------------------------------------------------------------------------------- reductions
@@ -109,8 +117,9 @@ def compute_group_normalized_rewards(
 def compute_naive_policy_gradient_loss(
     raw_rewards_or_advantages: torch.Tensor, policy_log_probs: torch.Tensor
 ) -> torch.Tensor:
-    """Per-token REINFORCE loss ``-A · log π(o_t)``; ``A`` is ``[B, 1]``, the result ``[B, T]``."""
-    return -raw_rewards_or_advantages * policy_log_probs
+    """Per-token REINFORCE loss ``-A · log π(o_t)``; ``A`` is ``[B, 1]``, the result ``[B, T]``
+    (:func:`reasonrl.loss_registry.reinforce_loss`)."""
+    return reinforce_loss(raw_rewards_or_advantages, policy_log_probs, None, LossSettings())[0]
 
 
 def compute_grpo_clip_loss(
@@ -120,32 +129,19 @@ def compute_grpo_clip_loss(
     cliprange: float,
     cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token PPO-style clipped loss ``-min(ρ·A, clip(ρ, 1-ε, 1+ε_high)·A)`` with ``ρ = π/π_old``
-    (arXiv:1707.06347); ``ε_high = cliprange_high`` (DAPO's clip-higher, arXiv:2503.14476) or ``cliprange``.
-
-    Metadata: ``clipped`` (``[B, T]`` bool, the clipped term was the smaller one, i.e. the token gets no
-    gradient), split into ``clipped_high`` (ρ above 1+ε_high with A > 0) and ``clipped_low`` (ρ below 1-ε with
-    A < 0), and ``clip_fraction`` (the mean of ``clipped`` over all positions; mask it yourself when there is padding).
-    """
-    high = cliprange if cliprange_high is None else cliprange_high
-    ratio = torch.exp(policy_log_probs - old_log_probs)  # [B, T]
-    unclipped = ratio * advantages  # [B, T]
-    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + high) * advantages  # [B, T]
-    was_clipped = clipped < unclipped
-    metadata = {
-        "clipped": was_clipped,
-        "clipped_high": was_clipped & (ratio > 1.0),
-        "clipped_low": was_clipped & (ratio < 1.0),
-        "clip_fraction": was_clipped.float().mean(),
-    }
-    return -torch.minimum(unclipped, clipped), metadata
+    """Per-token PPO-style clipped loss ``-min(ρ·A, clip(ρ, 1-ε, 1+ε_high)·A)`` with ``ρ = π/π_old``; ``ε_high =
+    cliprange_high`` or ``cliprange``. Returns ``(loss [B, T], metadata)``, the metadata of
+    :func:`reasonrl.loss_registry.clipped_ratio_loss` (``clipped``, ``clipped_high``, ``clipped_low``,
+    ``clip_fraction``)."""
+    return clipped_ratio_loss(advantages, policy_log_probs, old_log_probs, LossSettings(cliprange, cliprange_high))
 
 
 def compute_grpo_no_clip_loss(
     advantages: torch.Tensor, policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
 ) -> torch.Tensor:
-    """Per-token unclipped importance-weighted loss ``-ρ·A`` (the handout's GRPO-No-Clip ablation)."""
-    return -torch.exp(policy_log_probs - old_log_probs) * advantages
+    """Per-token unclipped importance-weighted loss ``-ρ·A`` (the handout's GRPO-No-Clip ablation,
+    :func:`reasonrl.loss_registry.ratio_loss`)."""
+    return ratio_loss(advantages, policy_log_probs, old_log_probs, LossSettings())[0]
 
 
 def compute_policy_gradient_loss(
@@ -157,31 +153,51 @@ def compute_policy_gradient_loss(
     cliprange: float | None = None,
     cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The per-token loss of ``loss_type`` (see ``reasonrl.loss_types``); returns ``(loss [B, T], metadata)``.
-
-    - ``no_baseline``: REINFORCE on the raw reward.
-    - ``reinforce_with_baseline``: REINFORCE on group-normalised advantages.
-    - ``grpo_clip``: clipped importance ratio (off-policy safe).
-    - ``grpo_no_clip``: unclipped importance ratio.
-    """
+    """The per-token loss of ``loss_type``, its entry's in ``reasonrl.loss_registry`` (which documents each loss
+    type); returns ``(loss [B, T], metadata)``. Raises ValueError naming the arguments the loss type needs and
+    lacks."""
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
-    spec = LOSS_TYPES[loss_type]
+    entry = LOSS_TYPES[loss_type]
     given = {
         "raw_rewards": raw_rewards,
         "advantages": advantages,
         "old_log_probs": old_log_probs,
         "cliprange": cliprange,
+        "cliprange_high": cliprange_high,
     }
-    missing = [name for name in spec.inputs if given[name] is None]
+    missing = [name for name in entry.inputs if given[name] is None]
     if missing:
         raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
-    weight = given[spec.weight]  # [B, 1]
-    if spec.ratio == "none":
-        return compute_naive_policy_gradient_loss(weight, policy_log_probs), {}
-    if spec.ratio == "clipped":
-        return compute_grpo_clip_loss(weight, policy_log_probs, old_log_probs, cliprange, cliprange_high)
-    return compute_grpo_no_clip_loss(weight, policy_log_probs, old_log_probs), {}
+    settings = LossSettings(cliprange=cliprange, cliprange_high=cliprange_high)
+    return entry.per_token(given[entry.weight], policy_log_probs, old_log_probs, settings)  # weight: [B, 1]
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    response_mask: torch.Tensor,
+    length_normalization: str,
+    normalize_constant: float | None = None,
+) -> torch.Tensor:
+    """The batch mean of the per-sequence losses of a ``[B, T]`` per-token loss, whatever its loss type.
+
+    ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own length (the
+    handout's default, which weights tokens of short answers more); ``masked_normalize`` divides by one
+    constant such as the max generation length (Dr. GRPO, arXiv:2503.20783), so every token weighs the same.
+    """
+    if length_normalization not in LENGTH_NORMALIZATIONS:
+        raise ValueError(
+            f"length_normalization must be one of {', '.join(LENGTH_NORMALIZATIONS)}; got {length_normalization!r}"
+        )
+    if length_normalization == "masked_normalize" and normalize_constant is None:
+        raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
+    if length_normalization == "masked_mean":
+        per_sequence_loss = masked_mean(per_token_loss, response_mask, dim=-1)  # [B]
+    else:
+        per_sequence_loss = masked_normalize(
+            per_token_loss, response_mask, dim=-1, normalize_constant=normalize_constant
+        )  # [B]
+    return per_sequence_loss.mean()
 
 
 def rollout_importance_weights(
@@ -236,11 +252,9 @@ def grpo_microbatch_train_step(
     kl_estimator: str = "k3",
     importance_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy-gradient loss of one microbatch, reduced per sequence then over the batch; calls ``backward()``.
-
-    ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own length (the
-    handout's default, which weights tokens of short answers more); ``masked_normalize`` divides by one
-    constant such as the max generation length (Dr. GRPO, arXiv:2503.20783), so every token weighs the same.
+    """Policy-gradient loss of one microbatch, reduced per sequence then over the batch (:func:`aggregate_loss`)
+    and divided by ``gradient_accumulation_steps``; calls ``backward()``. Metadata: the loss type's, with its token
+    metrics (e.g. clip fractions) as means over the response tokens.
 
     ``kl_coef > 0`` adds ``kl_coef`` times the ``kl_estimator`` penalty per token against ``ref_log_probs`` (see
     :func:`compute_kl`) before the same reduction; metadata ``kl`` is the masked mean of :func:`kl_value`.
@@ -249,12 +263,6 @@ def grpo_microbatch_train_step(
     policy-gradient loss before the KL penalty is added (the penalty is not weighted): a constant ``w`` per token,
     so the token's gradient is ``w · ∇(PG term)``. None = the unweighted loss, computed exactly as without it.
     """
-    if length_normalization not in LENGTH_NORMALIZATIONS:
-        raise ValueError(
-            f"length_normalization must be one of {', '.join(LENGTH_NORMALIZATIONS)}; got {length_normalization!r}"
-        )
-    if length_normalization == "masked_normalize" and normalize_constant is None:
-        raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
     per_token_loss, metadata = compute_policy_gradient_loss(
         policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high
     )  # [B, T]
@@ -266,17 +274,11 @@ def grpo_microbatch_train_step(
         kl = compute_kl(policy_log_probs, ref_log_probs, kl_estimator)  # [B, T]
         per_token_loss = per_token_loss + kl_coef * kl
         metadata["kl"] = masked_mean(kl_value(policy_log_probs.detach(), ref_log_probs), response_mask)
-    if length_normalization == "masked_mean":
-        per_sequence_loss = masked_mean(per_token_loss, response_mask, dim=-1)  # [B]
-    else:
-        per_sequence_loss = masked_normalize(
-            per_token_loss, response_mask, dim=-1, normalize_constant=normalize_constant
-        )  # [B]
-    loss = per_sequence_loss.mean() / gradient_accumulation_steps
+    loss = aggregate_loss(per_token_loss, response_mask, length_normalization, normalize_constant)
+    loss = loss / gradient_accumulation_steps
     loss.backward()
-    for name in ("clipped", "clipped_high", "clipped_low"):
-        if name in metadata:
-            metadata[name.replace("clipped", "clip_fraction")] = masked_mean(metadata[name].float(), response_mask)
+    for metric, flag in LOSS_TYPES[loss_type].token_metrics.items():
+        metadata[metric] = masked_mean(metadata[flag].float(), response_mask)
     return loss.detach(), metadata
 
 
