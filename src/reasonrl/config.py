@@ -592,7 +592,7 @@ class GRPOConfig(LoRAOptions):
     (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
     loss_type: LossTypeName = "reinforce_with_baseline"
     """The policy-gradient loss, a loss type of ``reasonrl.loss_registry``: its entry says its weight (raw reward or
-    group-normalised advantage), its importance ratio if any (which makes it safe off-policy) and the params it reads."""
+    group-normalised advantage), its importance ratio if any (safe off-policy) and the params it reads."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
     length_normalization: LengthNormalization = "masked_mean"
@@ -674,12 +674,7 @@ class GRPOConfig(LoRAOptions):
             "grpo.cliprange_high",
             f"must be > 0 or null, got {self.cliprange_high}",
         )
-        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
-        _require(
-            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
-            "grpo.cliprange_high",
-            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
-        )
+        self._check_cliprange_high()
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
         _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
         _require(
@@ -728,6 +723,27 @@ class GRPOConfig(LoRAOptions):
             "grpo.rollout_batch_size",
             f"({self.rollout_batch_size}) must be divisible by grpo.train_batch_size ({self.train_batch_size})",
         )
+        self._check_off_policy_ratio()
+        # After the batch sizes' checks: the run's optimizer steps count whole train batches.
+        _require(
+            0 <= self.warmup_steps <= self.total_optimizer_steps,
+            "grpo.warmup_steps",
+            f"must be in [0, {self.total_optimizer_steps}] (the run's optimizer steps: grpo.n_grpo_steps × "
+            f"epochs_per_rollout_batch × rollout_batch_size / train_batch_size), got {self.warmup_steps}",
+        )
+
+    def _check_cliprange_high(self) -> None:
+        """``grpo.cliprange_high`` is a setting of the loss types that read it only (the registry's entries say)."""
+        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
+        _require(
+            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
+            "grpo.cliprange_high",
+            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
+        )
+
+    def _check_off_policy_ratio(self) -> None:
+        """Later optimizer steps of a rollout batch train on an older policy's samples: only a loss type that reads
+        old log-probs (an importance ratio) keeps their gradient unbiased."""
         off_policy = self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
         with_ratio = " or ".join(loss_types_where(lambda entry: entry.needs_old_log_probs))
         _require(
@@ -737,13 +753,6 @@ class GRPOConfig(LoRAOptions):
             f"({self.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({self.train_batch_size}) < "
             f"grpo.rollout_batch_size ({self.rollout_batch_size}) trains later optimizer steps on samples of an older "
             f"policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
-        )
-        # After the batch sizes' checks: the run's optimizer steps count whole train batches.
-        _require(
-            0 <= self.warmup_steps <= self.total_optimizer_steps,
-            "grpo.warmup_steps",
-            f"must be in [0, {self.total_optimizer_steps}] (the run's optimizer steps: grpo.n_grpo_steps × "
-            f"epochs_per_rollout_batch × rollout_batch_size / train_batch_size), got {self.warmup_steps}",
         )
 
     @property

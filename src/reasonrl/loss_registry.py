@@ -122,7 +122,11 @@ def reinforce_loss(
     needs_old_log_probs=True,
     settings=("cliprange", "cliprange_high"),
     optional_settings=("cliprange_high",),
-    token_metrics={"clip_fraction": "clipped", "clip_fraction_low": "clipped_low", "clip_fraction_high": "clipped_high"},
+    token_metrics={
+        "clip_fraction": "clipped",
+        "clip_fraction_low": "clipped_low",
+        "clip_fraction_high": "clipped_high",
+    },
 )
 def clipped_ratio_loss(
     weights: torch.Tensor, policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, settings: LossSettings
