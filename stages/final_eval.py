@@ -16,6 +16,7 @@ from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_che
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
 from reasonrl.rollout import RolloutEngine
+from reasonrl.routes import ROUTES, TRAINED_ROUTES, evaluation_prompt, prompt_param, start_model
 
 
 def parse_models(specs: list[str]) -> dict[str, Path]:
@@ -37,18 +38,14 @@ def parse_models(specs: list[str]) -> dict[str, Path]:
     return models
 
 
-PROMPT_SECTIONS = {"base": "sft", "sft": "sft", "ei": "ei", "grpo": "grpo"}
-"""The params section whose ``prompt`` each model is graded with, by the model's name: read from params.yaml
-(validated by the params loader), never templated into the command, where a shell would run it."""
-
-
 def training_prompts(models: dict[str, Path], params: Params) -> dict[str, str]:
     """The prompt each model trained with (base: the one SFT starts it on)."""
     prompts = {}
     for name in models:
-        if name not in PROMPT_SECTIONS:
-            raise ConfigError(f"--model {name}=...: NAME must be one of {', '.join(PROMPT_SECTIONS)}, a route's model")
-        prompts[name] = getattr(params, PROMPT_SECTIONS[name]).prompt
+        if name not in ROUTES:
+            raise ConfigError(f"--model {name}=...: NAME must be one of {', '.join(ROUTES)}, a route's model")
+        # read from params.yaml (validated by the params loader), never templated into the command: no shell sees it
+        prompts[name] = evaluation_prompt(params, name)
     return prompts
 
 
@@ -90,7 +87,7 @@ def main() -> None:
     first = next(iter(models.values()))
     tokenizer = AutoTokenizer.from_pretrained(first)  # the engine's: it renders every model's prompts
     for name, prompt in prompts.items():
-        check_prompt(prompt, f"{PROMPT_SECTIONS[name]}.prompt", tokenizer, first)
+        check_prompt(prompt, prompt_param(name), tokenizer, first)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
     held_out = load_test_sets(Path(args.test_sets), [test_set.name for test_set in params.eval.test_sets])
 
@@ -100,7 +97,7 @@ def main() -> None:
         engine, models, test, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
     )
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
-    references = {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model}
+    references = {route: start_model(params, route) for route in TRAINED_ROUTES}
     add_paired_comparisons(results, references)
     # A second, independent grader on every answer: its disagreements with ours go to the report.
     disagreements = add_grader_crosschecks(results)

@@ -16,10 +16,9 @@ from pipeline_repo import (
 )
 
 from reasonrl.presets import apply_to_file
+from reasonrl.routes import ROUTES
 
 pytestmark = pytest.mark.slow
-
-ROUTES = ("base", "sft", "ei", "grpo")
 
 
 @pytest.fixture(scope="module")

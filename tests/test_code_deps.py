@@ -1,12 +1,14 @@
 """The code a stage runs is the code dvc.yaml says it depends on, and the package's layers import downwards only.
 
 Each stage script's import closure inside ``reasonrl`` (every ``import`` at any depth, function-level ones included;
-``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, and its prompt template
-deps are the templates it reads, no more (a template edit reruns exactly those stages). Every command imports the
+``if TYPE_CHECKING:`` blocks excluded, they never run) must be covered by the stage's deps, which list exactly what
+``python -m reasonrl.code_deps`` prints for the stage's command, in its order; and its prompt template deps are the
+templates it reads, no more (a template edit reruns exactly those stages). Every command imports the
 package from the tree it runs in. The import graph has no cycle, and the params schema, the CLI's error handling and
 the ``download`` stage load neither torch, transformers nor vLLM. The closure is :mod:`reasonrl.code_deps`'s, which
 a GRPO checkpoint's fingerprint hashes: an edit to that code, and only to it, changes the digest."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,13 +22,20 @@ from reasonrl.code_deps import (
     STAGES,
     code_digest,
     code_files,
+    command_entries,
+    declared_imports,
     import_closure,
+    listed_code_deps,
     runtime_imports,
     source_file,
+    stage_code_deps,
+    stale_stages,
+    yaml_lines,
 )
 from reasonrl.pipeline import CODE_FROM_TREE, PipelineError, read_pipeline
 from reasonrl.presets import apply_to_file
 from reasonrl.prompts import PROMPT_NAMES
+from reasonrl.routes import ROUTE, ROUTES
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "vllm")
@@ -52,7 +61,7 @@ def templates_read(stage: str, params: dict) -> set[str]:
         "sft": {sft},
         "expert_iteration": {ei},
         "grpo": {grpo},
-        "final_eval": {sft, ei, grpo},
+        "final_eval": {params[ROUTE[route].prompt_section]["prompt"] for route in ROUTES},
     }.get(stage, set())
 
 
@@ -69,6 +78,62 @@ def test_every_stage_depends_on_the_code_it_imports(stages):
         if missing := uncovered(stage.deps, script):
             gaps[name] = missing
     assert not gaps, f"dvc.yaml stages miss code they import: {gaps}"
+
+
+def test_each_stage_lists_exactly_the_code_its_command_runs(stages):
+    assert stale_stages(REPO / "dvc.yaml") == {}
+    for name, stage in stages.items():  # the scripts first, then the package's paths sorted
+        listed = listed_code_deps(stage.deps)
+        scripts, _ = command_entries(stage.cmd)
+        assert listed[: len(scripts)] == scripts and listed[len(scripts) :] == sorted(listed[len(scripts) :]), name
+
+
+def code_deps_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SOURCE)}
+    command = [sys.executable, "-m", "reasonrl.code_deps", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+
+
+def test_the_printed_deps_are_dvc_yamls(stages):
+    printed = code_deps_cli("stages/grpo.py", "reasonrl.launch")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == yaml_lines(listed_code_deps(stages["grpo"].deps))
+    assert printed.stdout.startswith("      - stages/grpo.py\n")
+    assert "      - src/reasonrl/launch.py\n" in printed.stdout  # the module the command runs with -m
+    assert code_deps_cli("--check").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("listed", "edited"),
+    [
+        (["config.py"], []),  # a module missing
+        (["rewards.py"], ["rewards.py", "lora.py"]),  # one more
+        (["atomic.py", "cli.py"], ["cli.py", "atomic.py"]),  # out of order
+    ],
+)
+def test_the_check_names_a_stage_whose_code_deps_differ(stages, tmp_path, listed, edited):
+    text = (REPO / "dvc.yaml").read_text(encoding="utf-8")
+    before, after = (yaml_lines(f"src/reasonrl/{name}" for name in names) for names in (listed, edited))
+    # in the first stage that lists them: report
+    (tmp_path / "dvc.yaml").write_text(text.replace(before, after, 1), encoding="utf-8")
+    assert list(stale_stages(tmp_path / "dvc.yaml")) == ["report"]
+    checked = code_deps_cli("--check", str(tmp_path / "dvc.yaml"))
+    assert checked.returncode == 1
+    expected = yaml_lines(listed_code_deps(stages["report"].deps))
+    assert checked.stdout == f"{tmp_path / 'dvc.yaml'}: stage report's code deps should be, in this order:\n{expected}"
+
+
+def test_a_package_the_stage_imports_whole_is_listed_as_its_directory(tree):
+    source = tree / "src"
+    deps = stage_code_deps(["stages/report.py"], source=source)
+    assert "src/reasonrl/report" in deps and not [dep for dep in deps if dep.startswith("src/reasonrl/report/")]
+    assert "src/reasonrl/prompts/__init__.py" in deps  # the package's templates are no module: listed one by one
+    (tree / "src/reasonrl/report/unused.py").write_text('"""A module the report stage does not import."""\n')
+    deps = stage_code_deps(["stages/report.py"], source=source)
+    assert "src/reasonrl/report" not in deps and "src/reasonrl/report/unused.py" not in deps
+    assert [dep for dep in deps if dep.startswith("src/reasonrl/report/")] == sorted(
+        f"src/reasonrl/report/{path.name}" for path in (SOURCE / "reasonrl/report").glob("*.py")
+    )
 
 
 def test_a_missing_module_is_found(stages):
@@ -201,3 +266,62 @@ def test_light_layers_load_no_training_stack(code):
 def test_the_download_stage_imports_no_training_loop():
     loaded = import_closure(REPO / "stages/download.py")
     assert not loaded & {"reasonrl.grpo", "reasonrl.sft", "reasonrl.rollout", "reasonrl.models", "reasonrl.losses"}
+
+
+LAYERS = [
+    # base: no params, no torch
+    ["reasonrl.errors", "reasonrl.atomic", "reasonrl.cli", "reasonrl.code_deps", "reasonrl.markdown",
+     "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types", "reasonrl.loss_registry",
+     "reasonrl.grading", "reasonrl.synthetic"],
+    # the task: examples, prompt templates, rewards
+    ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards"],
+    # the params (whose schema checks names against the task's registries) and the routes they configure
+    ["reasonrl.config", "reasonrl.presets", "reasonrl.routes"],
+    # models and the computations on them
+    ["reasonrl.models", "reasonrl.tiny_model", "reasonrl.cot_filter", "reasonrl.tokenization", "reasonrl.batching",
+     "reasonrl.logprobs", "reasonrl.losses", "reasonrl.distributed", "reasonrl.lora", "reasonrl.memory",
+     "reasonrl.launch"],
+    # sampling: the engine, its process, and evaluating with it (whose results the process hands back)
+    ["reasonrl.rollout", "reasonrl.engine_process", "reasonrl.rollouts", "reasonrl.evaluation"],
+    # the run harness: checkpoints, resuming
+    ["reasonrl.checkpoints", "reasonrl.training"],
+    # the algorithms
+    ["reasonrl.sft", "reasonrl.expert_iteration", "reasonrl.grpo", "reasonrl.crosscheck"],
+    # what reads the runs' outputs and drives the pipeline
+    ["reasonrl.report", "reasonrl.compare", "reasonrl.model_card", "reasonrl.pipeline"],
+]  # fmt: skip
+"""The package's layers, lowest first: a module imports (at run time or for its annotations) from its own layer or
+lower ones only. Each entry names a module or a package, whose submodules it covers."""
+UPWARD_IMPORTS = {
+    ("reasonrl.engine_process", "reasonrl.grpo"): "issue 30: rollouts package moves DrawnRollouts out of grpo",
+}
+"""The imports known to go up a layer, each with the change that removes it: the coordinator empties this as they
+merge. Strict: an exception the code no longer needs fails too."""
+
+
+def layer_of(module: str) -> int:
+    found = [
+        i for i, layer in enumerate(LAYERS) for prefix in layer if module == prefix or module.startswith(f"{prefix}.")
+    ]
+    assert len(found) == 1, f"{module} is in {len(found)} layers of LAYERS: declare it in one"
+    return found[0]
+
+
+def test_the_package_layers_import_downwards_only():
+    """The package's own ``__init__`` (a lazy façade of the handout's functions that every import passes through) is
+    no layer's."""
+    modules = sorted(
+        ".".join(path.relative_to(SOURCE).with_suffix("").parts).removesuffix(".__init__")
+        for path in (SOURCE / "reasonrl").rglob("*.py")
+    )
+    upward = {
+        (module, imported)
+        for module in modules
+        if module != "reasonrl"
+        for imported in declared_imports(source_file(module))
+        if imported != "reasonrl" and layer_of(imported) > layer_of(module)
+    }
+    assert upward == set(UPWARD_IMPORTS), (
+        f"imports up a layer: {sorted(upward - set(UPWARD_IMPORTS))}; no longer: "
+        + str(sorted(set(UPWARD_IMPORTS) - upward))
+    )

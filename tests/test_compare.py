@@ -20,8 +20,8 @@ from reasonrl.compare import (
 )
 from reasonrl.evaluation import summarize
 from reasonrl.report.document import render_html, render_markdown
-from reasonrl.report.inputs import ROUTES
 from reasonrl.report.tables import format_accuracy
+from reasonrl.routes import ROUTES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

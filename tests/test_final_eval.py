@@ -21,6 +21,7 @@ from reasonrl.evaluation import (  # noqa: E402
     summarize,
 )
 from reasonrl.models import ModelSourceError  # noqa: E402
+from reasonrl.routes import ROUTES  # noqa: E402
 from reasonrl.statistics import sign_flip_p_value  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def test_models_with_different_vocabularies_are_refused(tiny_model_dir, tmp_path
 
 
 def test_each_model_gets_its_training_prompt(tiny_model_dir):
-    models = dict.fromkeys(["base", "sft", "ei", "grpo"], tiny_model_dir)
+    models = dict.fromkeys(ROUTES, tiny_model_dir)
     params = Params(sft=SFTConfig(prompt="r1_zero_chat"), grpo=GRPOConfig(prompt="question_only"))
     assert training_prompts(models, params) == {
         "base": "r1_zero_chat", "sft": "r1_zero_chat", "ei": "r1_zero", "grpo": "question_only"

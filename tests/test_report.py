@@ -18,7 +18,6 @@ from reasonrl.report import ReportInputs, build_report, paired_sentences
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.headline import headline_metrics
 from reasonrl.report.inputs import (
-    ROUTES,
     ReportInputError,
     flatten,
     grpo_evaluations,
@@ -26,6 +25,7 @@ from reasonrl.report.inputs import (
     read_params,
 )
 from reasonrl.report.tables import per_question_table
+from reasonrl.routes import ROUTES
 from reasonrl.statistics import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]

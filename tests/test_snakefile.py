@@ -29,6 +29,7 @@ from snakemake.settings.types import (
 from reasonrl.config import LAYOUT_GPUS
 from reasonrl.pipeline import PipelineError, read_pipeline
 from reasonrl.presets import apply_to_file
+from reasonrl.routes import ROUTES
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_STAGES = {"baseline", "sft", "expert_iteration", "grpo", "final_eval"}
@@ -245,7 +246,7 @@ def test_snakemake_runs_the_tiny_pipeline_to_the_report(tmp_path):
     clone, env = make_pipeline_repo(tmp_path, TINY_PIPELINE_OVERRIDES)
     run([sys.executable, "-m", "snakemake", "--cores", "2"], clone, env)
     final = json.loads((clone / "reports/final/metrics.json").read_text())
-    assert set(final) == {"base", "sft", "ei", "grpo"}
+    assert set(final) == set(ROUTES)
     assert (clone / "reports/report.html").is_file() and (clone / "logs/grpo.log").is_file()
     # The grader cross-check ran in the stage's process (math-verify's timeouts need its main thread).
     crosscheck = json.loads((clone / "reports/final/grader_crosscheck.json").read_text())
@@ -253,7 +254,7 @@ def test_snakemake_runs_the_tiny_pipeline_to_the_report(tmp_path):
         assert summary["grader_disagreements"] == len(crosscheck[route])
         assert summary["grader_agreement"] == (summary["n"] - len(crosscheck[route])) / summary["n"]
     headline = json.loads((clone / "reports/headline.json").read_text())
-    assert headline["test_accuracy"] == {route: final[route]["accuracy"] for route in ("base", "sft", "ei", "grpo")}
+    assert headline["test_accuracy"] == {route: final[route]["accuracy"] for route in ROUTES}
     assert not list((clone / "models/grpo_checkpoints").glob("step-*"))  # a completed run keeps none
     assert planned_rules(clone, env) == set()
 

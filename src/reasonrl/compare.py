@@ -27,19 +27,19 @@ from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, 
 from reasonrl.report.figures import Panel, plot_panels
 from reasonrl.report.inputs import (
     GRPO_EVALUATION_METRICS,
-    ROUTES,
     flatten,
     join_grpo_evaluations,
     metric_path,
     parse_metric,
 )
 from reasonrl.report.tables import format_accuracy, interval_name
+from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
 from reasonrl.statistics import TEST_MCNEMAR, TEST_SIGN_FLIP
 
 WORKSPACE = "workspace"
 FINAL_METRICS = "reports/final/metrics.json"
 GENERATIONS = "reports/final/generations/{route}.jsonl"
-LIVE = "reports/{route}/live"
+REPORTS = Path("reports")
 SUMMARY_KEYS = {"accuracy", "accuracy_interval"}
 
 TEST_NAMES = {TEST_MCNEMAR: "McNemar exact", TEST_SIGN_FLIP: "exact sign-flip by question"}
@@ -64,7 +64,7 @@ class Experiment:
     """Each training route's validation accuracy by its own x (:data:`CURVES`); None where not logged."""
 
 
-# The x axis of each training route's validation curve (see read_curve).
+# The x axis of each trained route's validation curve (see read_curve).
 CURVES = {"sft": "SFT optimizer step", "ei": "EI round", "grpo": "GRPO step"}
 
 
@@ -115,7 +115,7 @@ def parse_generations(text: str | None) -> list[dict[str, Any]] | None:
 def read_curve(fs: Any, route: str, source: str) -> list[tuple[int, float]] | None:
     """A training route's validation accuracy: SFT by optimizer step, EI by round (DVCLive's step in both), GRPO by
     GRPO step (joined as the report joins it, since GRPO's DVCLive step counts optimizer steps)."""
-    live = Path(LIVE.format(route=route))
+    live = REPORTS / ROUTE[route].reports_dir / "live"
     if route != "grpo":
         text = _read_text(fs, metric_path(live, "eval/accuracy").as_posix())
         return None if text is None else parse_metric(text, "eval/accuracy", f"{source}: {route}")
@@ -136,7 +136,7 @@ def load_experiment(name: str, repo: str | None = None) -> Experiment:
     fs = DVCFileSystem(repo, rev=_rev(name))
     final = parse_final(_read_text(fs, FINAL_METRICS), f"{name}: {FINAL_METRICS}")
     generations = {r: parse_generations(_read_text(fs, GENERATIONS.format(route=r))) for r in ROUTES}
-    curves = {route: read_curve(fs, route, name) for route in CURVES}
+    curves = {route: read_curve(fs, route, name) for route in TRAINED_ROUTES}
     return Experiment(name, params, final, generations, curves)
 
 
@@ -221,11 +221,11 @@ def curves_panels(experiments: Sequence[Experiment]) -> list[Panel]:
     return [
         Panel(
             route.upper(),
-            xlabel,
+            CURVES[route],
             "validation accuracy",
             {e.name: curve for e in experiments if (curve := e.curves[route])},
         )
-        for route, xlabel in CURVES.items()
+        for route in TRAINED_ROUTES
     ]
 
 

@@ -11,21 +11,20 @@ import dataclasses
 import hashlib
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from reasonrl.config import Params
 from reasonrl.markdown import code, md_inline
+from reasonrl.routes import ROUTE, start_model
 
 if TYPE_CHECKING:
     from reasonrl.sft import BestCheckpoint
 
-Route = Literal["sft", "ei", "grpo"]
-ROUTE_NAMES = {"sft": "supervised fine-tuning", "ei": "expert iteration", "grpo": "GRPO"}
 
-
-def route_sections(params: Params, route: Route) -> list[str]:
-    """The params sections that shaped a model of ``route``: its own, then those of the model it started from."""
-    start = {"sft": "base", "ei": params.ei.init_model, "grpo": params.grpo.init_model}[route]
+def route_sections(params: Params, route: str) -> list[str]:
+    """The params sections that shaped a model of trained ``route``: its own, then those of the model it started
+    from."""
+    start = start_model(params, route)
     return [route] + ([] if start == "base" else route_sections(params, start))
 
 
@@ -84,7 +83,7 @@ def _row(*cells: str) -> str:
 
 def render_card(
     params: Params,
-    route: Route,
+    route: str,
     checkpoint: str,
     best: BestCheckpoint,
     unit: str,
@@ -98,7 +97,7 @@ def render_card(
     lines = [
         f"# reasonrl {route} model",
         "",
-        f"Trained by the reasonrl pipeline: {ROUTE_NAMES[route]}; this directory holds {checkpoint}.",
+        f"Trained by the reasonrl pipeline: {ROUTE[route].method}; this directory holds {checkpoint}.",
         "",
         f"- **Base model:** {code(params.model.name)}",
         f"- **Route:** {starts}",

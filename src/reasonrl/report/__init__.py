@@ -26,7 +26,6 @@ from reasonrl.report.document import Code, Figure, Heading, Paragraph, Report
 from reasonrl.report.figures import Series, plot_categories, plot_grid, plot_test_accuracy
 from reasonrl.report.inputs import (
     EXAMPLES_PER_FILE,
-    ROUTES,
     ReportInputError,
     flatten,
     grpo_evaluations,
@@ -46,6 +45,7 @@ from reasonrl.report.tables import (
     per_question_table,
     summary_table,
 )
+from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
 from reasonrl.statistics import INTERVAL_CLUSTERED, INTERVAL_WILSON, TEST_MCNEMAR, TEST_SIGN_FLIP
 
 
@@ -361,7 +361,7 @@ def build_report(inputs: ReportInputs) -> Report:
     final_path = reports / "final" / "metrics.json"
     final = load_summaries(final_path, required=ROUTES)
     final = {route: final[route] for route in ROUTES}
-    live = {route: reports / route / "live" for route in ("sft", "ei", "grpo")}
+    live = {route: reports / ROUTE[route].reports_dir / "live" for route in TRAINED_ROUTES}
 
     report = Report()
     report.blocks.append(Heading(1, "reasonrl report: zero-shot, SFT, expert iteration and GRPO"))

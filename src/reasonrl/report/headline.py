@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.atomic import atomic_write_text
-from reasonrl.report.inputs import ROUTES, ReportInputError, load_json, load_summaries, test_set_summaries
-
-TRAINING_STAGES = ("sft", "ei", "grpo")
+from reasonrl.report.inputs import ReportInputError, load_json, load_summaries, test_set_summaries
+from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
 
 
 def headline_metrics(reports_dir: Path) -> dict[str, Any]:
     """Each route's test accuracy (``final/metrics.json``) and, with ``eval.test_sets``, its accuracy on each of them;
-    GRPO's best validation accuracy and the wall-clock seconds of each training stage (``sft``, ``ei``, ``grpo``:
-    ``<stage>/metrics.json``, the run that completed the stage). A missing training-stage input gives null."""
+    GRPO's best validation accuracy and the wall-clock seconds of each trained route's stage (its
+    ``<reports_dir>/metrics.json``, :mod:`reasonrl.routes`: the run that completed the stage). A missing
+    training-stage input gives null."""
     reports = Path(reports_dir)
     final_path = reports / "final" / "metrics.json"
     final = load_summaries(final_path, required=ROUTES)
-    trained = {stage: _stage_metrics(reports / stage / "metrics.json") for stage in TRAINING_STAGES}
+    trained = {route: _stage_metrics(reports / ROUTE[route].reports_dir / "metrics.json") for route in TRAINED_ROUTES}
     sets = test_set_summaries({route: final[route] for route in ROUTES}, final_path)
     headline: dict[str, Any] = {"test_accuracy": {route: final[route]["accuracy"] for route in ROUTES}}
     if sets:
@@ -33,7 +33,7 @@ def headline_metrics(reports_dir: Path) -> dict[str, Any]:
             name: {r: s["accuracy"] for r, s in by_route.items()} for name, by_route in sets.items()
         }
     headline["grpo_best_val_accuracy"] = trained["grpo"].get("best_val_accuracy")
-    headline["wall_clock_seconds"] = {stage: trained[stage].get("wall_clock_seconds") for stage in TRAINING_STAGES}
+    headline["wall_clock_seconds"] = {route: trained[route].get("wall_clock_seconds") for route in TRAINED_ROUTES}
     return headline
 
 

@@ -14,7 +14,6 @@ from typing import Any
 from reasonrl.config import parse_yaml
 from reasonrl.data import DataFormatError
 
-ROUTES = ("base", "sft", "ei", "grpo")
 EXAMPLES_PER_FILE = 2
 
 
