@@ -1,11 +1,12 @@
 """params.yaml validation: every error names the dotted parameter; presets only touch existing parameters."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from reasonrl.config import ConfigError, Params, from_dict, load_params
+from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig, flat_dict, from_dict, load_params, parse_yaml
 from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,3 +222,28 @@ def test_exponent_without_dot_is_a_number(tmp_path, full_scale_params):
     path.write_text(full_scale_params.replace("learning_rate: 1.0e-5", "learning_rate: fast"))
     with pytest.raises(ConfigError, match="grpo.learning_rate: must be a number, got 'fast'"):
         load_params(path)
+
+
+@pytest.mark.parametrize("section", ["sft", "ei", "grpo"])
+def test_a_training_section_is_flat_in_params_yaml_and_grouped_in_code(full_scale_params, section):
+    """params.yaml lists every key of a training section, flat; each reaches its group, and flat_dict gives the
+    section back as params.yaml names it."""
+    raw = parse_yaml(full_scale_params)[section]
+    config = getattr(from_dict(Params, parse_yaml(full_scale_params)), section)
+    assert flat_dict(config) == raw
+    assert sorted(flat_dict(getattr(Params(), section))) == sorted(raw)
+
+
+def test_a_training_section_takes_flat_keys_its_groups_or_both():
+    flat = GRPOConfig(temperature=0.5, loss_type="grpo_clip", learning_rate=3e-6)
+    assert (flat.sampling.temperature, flat.loss.loss_type, flat.optimizer.learning_rate) == (0.5, "grpo_clip", 3e-6)
+    assert flat.optimizer.betas == [0.9, 0.95]  # the section's defaults of the group, where a key does not say
+    assert GRPOConfig(sampling=flat.sampling, loss=flat.loss, optimizer=flat.optimizer) == flat
+    changed = dataclasses.replace(flat, kl_coef=0.1)
+    assert changed.loss == dataclasses.replace(flat.loss, kl_coef=0.1) and changed.sampling == flat.sampling
+    assert GRPOConfig(**{**flat.__dict__, "mask_truncated": True}).loss.mask_truncated
+    with pytest.raises(ConfigError, match="^grpo.temperature: must be > 0"):
+        dataclasses.replace(flat, temperature=0.0)
+    with pytest.raises(TypeError, match="tempreature"):
+        GRPOConfig(tempreature=0.5)
+    assert SFTConfig(betas=[0.8, 0.9]).optimizer.betas == [0.8, 0.9] and SFTConfig().optimizer.betas == [0.9, 0.999]

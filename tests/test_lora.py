@@ -58,7 +58,9 @@ def test_target_modules_are_checked_against_the_model_before_it_loads(tiny_model
     for targets in (["q_proj", "qkv_proj"], ["embed_tokens"], ["lm_head"]):  # tied vocabulary layers: refused
         with pytest.raises(ConfigError, match=rf"^ei.lora_target_modules: {targets[-1]} name no weight matrix.*q_proj"):
             check_lora_targets(tiny_model_dir, dataclasses.replace(LORA.lora, lora_target_modules=targets), "ei")
-    check_lora_targets(tiny_model_dir, dataclasses.replace(LORA.lora, lora_rank=0, lora_target_modules=["nothing"]), "sft")
+    check_lora_targets(
+        tiny_model_dir, dataclasses.replace(LORA.lora, lora_rank=0, lora_target_modules=["nothing"]), "sft"
+    )
 
 
 def test_only_the_adapters_train_and_the_policy_starts_as_the_base_model(tiny_model_dir):

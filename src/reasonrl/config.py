@@ -407,10 +407,10 @@ class _Group:
 
 
 class _Section:
-    """A training section (``sft``, ``ei``, ``grpo``): its params grouped by concern in code (``config.sampling.
-    temperature`` is key ``grpo.temperature``), flat in params.yaml. It is built from the flat keys (as
-    :func:`from_dict` reads them, or ``GRPOConfig(temperature=0.5)``), from its groups, or from both
-    (``dataclasses.replace(config, temperature=0.5)``): a key overrides its field in the group given."""
+    """A training section (``sft``, ``ei``, ``grpo``): its params grouped by concern in code, flat in params.yaml
+    (``config.sampling.temperature`` is ``grpo.temperature``). It is built from the flat keys (as :func:`from_dict`
+    reads them, or ``GRPOConfig(temperature=0.5)``), from its groups, or from both (``dataclasses.replace(config,
+    temperature=0.5)``): a key overrides its field in the group given."""
 
     SECTION: ClassVar[str]
     """The params.yaml section, which names the params in errors."""
@@ -471,7 +471,8 @@ def _routes(cls: type) -> dict[str, str | None]:
     owners += [(key, name) for name, group in groups.items() for key in _group_params(group)]
     if sorted(key for key, _ in owners) != sorted(cls.KEYS):
         raise TypeError(f"{cls.__name__}.KEYS must list each of its groups' and its own params once")  # a bug here
-    return {key: dict(owners)[key] for key in cls.KEYS}
+    owner = dict(owners)
+    return {key: owner[key] for key in cls.KEYS}
 
 
 # TEMPORARY (issue 30): removed once every call site reads the groups
