@@ -128,7 +128,7 @@ def build_policy(shape: str, device: torch.device, config: GRPOConfig, checkpoin
     model_config = Qwen2Config(**SHAPES[shape], attn_implementation="sdpa", use_cache=False)
     with torch.device(device):
         policy = Qwen2ForCausalLM(model_config).to(policy_dtype(device, config.precision))
-    return prepare_for_training(policy, checkpointing, lora=config)
+    return prepare_for_training(policy, checkpointing, lora=config.lora)
 
 
 def rollout_batch(args: argparse.Namespace, vocab_size: int) -> RolloutBatch:
@@ -192,7 +192,7 @@ def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, dev
 
     def step() -> None:
         accumulate_sft_gradients(policy, batch, config)
-        torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(policy), config.optimizer.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

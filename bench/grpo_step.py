@@ -110,7 +110,9 @@ def reasonrl_steps(
         rolled = time.perf_counter()
         batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
         lengths = set(batch.response_lengths)
-        assert lengths == {config.max_tokens}, f"rollout lengths {sorted(lengths)}, not all {config.max_tokens}"
+        assert lengths == {config.sampling.max_tokens}, (
+            f"rollout lengths {sorted(lengths)}, not all {config.sampling.max_tokens}"
+        )
         rows = list(range(len(batch.responses)))  # one optimizer step over the whole rollout batch
         metrics = accumulate_gradients(policy, batch, rows, None, config)
         optimizer_step(
@@ -244,7 +246,7 @@ def main() -> None:
         print(f"model: {description}, fp32; torch threads {torch.get_num_threads()}")
         print(
             f"shape: {args.questions} prompts x {args.group_size} samples x {args.max_tokens} forced tokens, one "
-            f"optimizer step of {config.train_batch_size} in {args.gradient_accumulation_steps} microbatches; "
+            f"optimizer step of {config.batching.train_batch_size} in {args.gradient_accumulation_steps} microbatches; "
             f"{args.warmup_steps} warm-up + {args.steps} timed steps per peer"
         )
         # TRL first: the engine binds its OpenMP threads to cores when it starts (see the module docstring).

@@ -79,7 +79,7 @@ def main() -> None:
     old_log_probs = compute_old_log_probs(trainer, batch, CONFIG, ranks)
     rows = ranks.rows_to_train(len(batch.responses))
     gradients, losses = [], []
-    for _ in range(CONFIG.epochs_per_rollout_batch):
+    for _ in range(CONFIG.batching.epochs_per_rollout_batch):
         metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, CONFIG, ranks=ranks)
         losses.append(metrics["train/loss"])
         gradients.append({name: full_tensor(p.grad).clone() for name, p in policy.named_parameters()})

@@ -171,7 +171,7 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
         ref_log_probs = compute_old_log_probs(reference, batch, CONFIG)
         order = list(range(len(batch.responses)))
         random.Random(seed).shuffle(order)
-        for train_batch, rows in enumerate(chunks(order, CONFIG.train_batch_size)):
+        for train_batch, rows in enumerate(chunks(order, CONFIG.batching.train_batch_size)):
             accumulate_gradients(expected, batch, rows, None, CONFIG, ref_log_probs)
             set_learning_rate(optimizer, scheduled_learning_rate(CONFIG, step, 0, train_batch))
             optimizer_step(expected, optimizer, CONFIG, guard, step, {})

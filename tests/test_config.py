@@ -1,11 +1,12 @@
 """params.yaml validation: every error names the dotted parameter; presets only touch existing parameters."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from reasonrl.config import ConfigError, Params, from_dict, load_params
+from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig, flat_dict, from_dict, load_params, parse_yaml
 from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,10 @@ def test_repository_params_are_valid_full_scale(params_file):
         ({"grpo": {"microbatch_tokens": 0}}, "grpo.microbatch_tokens: must be a number of tokens ≥ 1 or null"),
         ({"sft": {"microbatch_tokens": -5}}, "sft.microbatch_tokens: must be a number of tokens ≥ 1 or null"),
         ({"ei": {"precision": "fp16"}}, r"ei.precision: must be one of \['mixed', 'bf16'\]"),
-        ({"rollout": {"gpu_memory_utilization": 1.5}}, "rollout: EngineConfig.gpu_memory_utilization must be"),
+        (
+            {"rollout": {"gpu_memory_utilization": 1.5}},
+            r"rollout.gpu_memory_utilization: must be a fraction in \(0, 1\]",
+        ),
         ({"grpo": {"cliprange_high": 0.28}}, "grpo.cliprange_high: only grpo_clip clips"),
         ({"grpo": {"kl_coef": -0.1}}, "grpo.kl_coef: must be ≥ 0"),
         ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3'\]"),
@@ -181,15 +185,15 @@ def test_valid_staleness_and_importance_cap_combinations_load(tmp_path, full_sca
     path.write_text(yaml.safe_dump(tree))
     grpo = load_params(path).grpo
     expected = override.get("grpo", {})
-    assert grpo.max_staleness == expected.get("max_staleness", 0)
-    assert grpo.rollout_is_cap == expected.get("rollout_is_cap")
-    assert grpo.rollout_is_cap is None or isinstance(grpo.rollout_is_cap, float)
+    assert grpo.asynchrony.max_staleness == expected.get("max_staleness", 0)
+    assert grpo.asynchrony.rollout_is_cap == expected.get("rollout_is_cap")
+    assert grpo.asynchrony.rollout_is_cap is None or isinstance(grpo.asynchrony.rollout_is_cap, float)
 
 
 def test_staleness_and_importance_cap_default_to_off(params_file):
-    assert (Params().grpo.max_staleness, Params().grpo.rollout_is_cap) == (0, None)
+    assert (Params().grpo.asynchrony.max_staleness, Params().grpo.asynchrony.rollout_is_cap) == (0, None)
     grpo = load_params(params_file).grpo  # the committed params.yaml agrees with the code's defaults
-    assert (grpo.max_staleness, grpo.rollout_is_cap) == (0, None)
+    assert (grpo.asynchrony.max_staleness, grpo.asynchrony.rollout_is_cap) == (0, None)
 
 
 def test_cpu_preset_selects_tiny_model_synthetic_task_and_cpu_layout(params_file):
@@ -214,7 +218,32 @@ def test_exponent_without_dot_is_a_number(tmp_path, full_scale_params):
     """PyYAML reads ``5e-5`` as a string (YAML 1.1); ``dvc exp run -S grpo.learning_rate=5e-5`` writes exactly that."""
     path = tmp_path / "params.yaml"
     path.write_text(full_scale_params.replace("learning_rate: 1.0e-5", "learning_rate: 5e-5"))
-    assert load_params(path).grpo.learning_rate == 5e-5
+    assert load_params(path).grpo.optimizer.learning_rate == 5e-5
     path.write_text(full_scale_params.replace("learning_rate: 1.0e-5", "learning_rate: fast"))
     with pytest.raises(ConfigError, match="grpo.learning_rate: must be a number, got 'fast'"):
         load_params(path)
+
+
+@pytest.mark.parametrize("section", ["sft", "ei", "grpo"])
+def test_a_training_section_is_flat_in_params_yaml_and_grouped_in_code(full_scale_params, section):
+    """params.yaml lists every key of a training section, flat; each reaches its group, and flat_dict gives the
+    section back as params.yaml names it."""
+    raw = parse_yaml(full_scale_params)[section]
+    config = getattr(from_dict(Params, parse_yaml(full_scale_params)), section)
+    assert flat_dict(config) == raw
+    assert sorted(flat_dict(getattr(Params(), section))) == sorted(raw)
+
+
+def test_a_training_section_takes_flat_keys_its_groups_or_both():
+    flat = GRPOConfig(temperature=0.5, loss_type="grpo_clip", learning_rate=3e-6)
+    assert (flat.sampling.temperature, flat.loss.loss_type, flat.optimizer.learning_rate) == (0.5, "grpo_clip", 3e-6)
+    assert flat.optimizer.betas == [0.9, 0.95]  # the section's defaults of the group, where a key does not say
+    assert GRPOConfig(sampling=flat.sampling, loss=flat.loss, optimizer=flat.optimizer) == flat
+    changed = dataclasses.replace(flat, kl_coef=0.1)
+    assert changed.loss == dataclasses.replace(flat.loss, kl_coef=0.1) and changed.sampling == flat.sampling
+    assert GRPOConfig(**{**flat.__dict__, "mask_truncated": True}).loss.mask_truncated
+    with pytest.raises(ConfigError, match="^grpo.temperature: must be > 0"):
+        dataclasses.replace(flat, temperature=0.0)
+    with pytest.raises(TypeError, match="tempreature"):
+        GRPOConfig(tempreature=0.5)
+    assert SFTConfig(betas=[0.8, 0.9]).optimizer.betas == [0.8, 0.9] and SFTConfig().optimizer.betas == [0.9, 0.999]

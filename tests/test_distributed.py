@@ -125,7 +125,7 @@ def hand_written_step(policy, batch, advantages, old_log_probs) -> tuple[float, 
     policy.zero_grad()
     ratio = torch.exp(label_log_probs(policy, batch) - old_log_probs)  # [N, L]
     advantage = advantages.unsqueeze(-1)  # [N, 1]
-    clipped = ratio.clamp(1 - CONFIG.cliprange, 1 + CONFIG.cliprange) * advantage  # CONFIG: symmetric clip
+    clipped = ratio.clamp(1 - CONFIG.loss.cliprange, 1 + CONFIG.loss.cliprange) * advantage  # CONFIG: symmetric clip
     per_token = -torch.minimum(ratio * advantage, clipped)
     mask = batch.response_mask.float()
     loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
@@ -148,12 +148,14 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     ranks = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
 
     train = train_questions()
-    drawn = [question.question for question in random.Random(STEP_SEED).sample(train, CONFIG.questions_per_step)]
-    half = CONFIG.rollout_batch_size // 2
+    drawn = [
+        question.question for question in random.Random(STEP_SEED).sample(train, CONFIG.batching.questions_per_step)
+    ]
+    half = CONFIG.batching.rollout_batch_size // 2
     if tensor_parallel_size == 1:
         # Each rank sampled whole groups for its share only; together the questions one process draws.
         assert ranks[0]["questions"] + ranks[1]["questions"] == drawn
-        assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.questions_per_step // 2
+        assert len(ranks[0]["questions"]) == len(ranks[1]["questions"]) == CONFIG.batching.questions_per_step // 2
         samples = ranks[0]["samples"] + ranks[1]["samples"]
         assert all(r["rows"] == list(range(half)) for r in ranks)
     else:
@@ -161,8 +163,8 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
         assert ranks[0]["questions"] == ranks[1]["questions"] == drawn
         samples = ranks[0]["samples"]
         assert [s.token_ids for s in ranks[1]["samples"]] == [s.token_ids for s in samples]
-        assert ranks[0]["rows"] + ranks[1]["rows"] == list(range(CONFIG.rollout_batch_size))
-    assert len(samples) == CONFIG.rollout_batch_size
+        assert ranks[0]["rows"] + ranks[1]["rows"] == list(range(CONFIG.batching.rollout_batch_size))
+    assert len(samples) == CONFIG.batching.rollout_batch_size
     assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the step's metrics are the whole step's
 
     # The rollout metrics are those of one process on the union, though the ranks' counts differ (data parallel).
@@ -186,21 +188,25 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     prompts = [load_prompt("r1_zero").render(question.question, tokenizer) for question in questions]
     batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)  # the sampled ids as training tensors
     counts = [
-        len(split_microbatches(rows, batch.sequence_lengths, CONFIG.microbatch_size, CONFIG.microbatch_tokens))
+        len(
+            split_microbatches(
+                rows, batch.sequence_lengths, CONFIG.batching.microbatch_size, CONFIG.batching.microbatch_tokens
+            )
+        )
         for rows in (range(half), range(half, 2 * half))
     ]
     assert counts[0] != counts[1], counts
 
     # Against the full-batch loss written out here, at the weights each step's gradients were computed at: the
     # first step's (ρ = 1) and the second's (off-policy, old log-probs of the weights that sampled).
-    grouped = torch.tensor(rewards).view(-1, CONFIG.group_size)  # [N/G, G]
+    grouped = torch.tensor(rewards).view(-1, CONFIG.batching.group_size)  # [N/G, G]
     centered = grouped - grouped.mean(dim=-1, keepdim=True)
-    advantages = (centered / (grouped.std(dim=-1, keepdim=True) + CONFIG.advantage_eps)).flatten()  # [N]
+    advantages = (centered / (grouped.std(dim=-1, keepdim=True) + CONFIG.loss.advantage_eps)).flatten()  # [N]
     assert advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
     with torch.no_grad():
         old_log_probs = label_log_probs(policy, batch)
     optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
-    for step in range(CONFIG.epochs_per_rollout_batch):
+    for step in range(CONFIG.batching.epochs_per_rollout_batch):
         loss, gradients = hand_written_step(policy, batch, advantages, old_log_probs)
         errors = [relative_difference(gradients, rank["gradients"][step]) for rank in ranks]
         print(

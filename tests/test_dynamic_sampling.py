@@ -70,11 +70,14 @@ def variance_groups(drawn, group_size):
 
 def test_dynamic_sampling_keeps_only_groups_with_signal_and_replays(engine, setting, dynamic):
     train, config = setting
-    groups = variance_groups(dynamic, config.group_size)
+    groups = variance_groups(dynamic, config.batching.group_size)
     print(f"kept {len(groups)} groups in {dynamic.sampling_rounds} rounds, dropped {dynamic.dropped_groups}")
-    assert all(groups) and len(dynamic.samples) == len(dynamic.questions) * config.group_size
+    assert all(groups) and len(dynamic.samples) == len(dynamic.questions) * config.batching.group_size
     assert dynamic.dropped_groups > 0 and dynamic.sampling_rounds > 1
-    assert len(dynamic.questions) == config.questions_per_step or dynamic.sampling_rounds == config.max_sampling_rounds
+    assert (
+        len(dynamic.questions) == config.batching.questions_per_step
+        or dynamic.sampling_rounds == config.sampling.max_sampling_rounds
+    )
     assert len({id(question) for question in dynamic.questions}) == len(dynamic.questions), "a question drawn twice"
     again = draw_rollouts(engine, train, config, stop=[], step_seed=11)
     assert [s.token_ids for s in again.samples] == [s.token_ids for s in dynamic.samples]
@@ -83,15 +86,15 @@ def test_dynamic_sampling_keeps_only_groups_with_signal_and_replays(engine, sett
 def test_a_capped_step_trains_on_fewer_groups_and_says_so(setting, capped):
     train, config = setting
     drawn, printed = capped
-    assert drawn.sampling_rounds == 1 and 0 < len(drawn.questions) < config.questions_per_step
-    assert all(variance_groups(drawn, config.group_size))
-    assert f"found {len(drawn.questions)} of {config.questions_per_step} groups" in printed
+    assert drawn.sampling_rounds == 1 and 0 < len(drawn.questions) < config.batching.questions_per_step
+    assert all(variance_groups(drawn, config.batching.group_size))
+    assert f"found {len(drawn.questions)} of {config.batching.questions_per_step} groups" in printed
 
 
 def test_without_dynamic_sampling_every_group_stays(setting, plain):
     train, config = setting
-    assert len(plain.questions) == config.questions_per_step and plain.dropped_groups == 0
-    assert not all(variance_groups(plain, config.group_size))
+    assert len(plain.questions) == config.batching.questions_per_step and plain.dropped_groups == 0
+    assert not all(variance_groups(plain, config.batching.group_size))
 
 
 def test_the_logged_rollout_figures_are_every_sampled_group_and_the_kept_ones_apart(setting, dynamic, capped, plain):
@@ -117,5 +120,5 @@ def test_the_logged_rollout_figures_are_every_sampled_group_and_the_kept_ones_ap
     logged = SINGLE.mean_metrics(rollout_metrics(dynamic, config))
     rewards = [odd_length_reward(sample.text, "")["reward"] for sample in dynamic.sampled_samples]
     assert logged["rollout/reward"] == pytest.approx(sum(rewards) / len(rewards))
-    groups = len(dynamic.sampled_samples) // config.group_size
+    groups = len(dynamic.sampled_samples) // config.batching.group_size
     assert logged["rollout/zero_variance_group_fraction"] == pytest.approx(dynamic.dropped_groups / groups)

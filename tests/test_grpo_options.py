@@ -73,16 +73,20 @@ def test_a_step_short_of_a_train_batch_scales_its_learning_rate(tiny_model):
     config = GRPOConfig(**SMALL, learning_rate=1e-2)
     model = copy.deepcopy(tiny_model)
     twin = copy.deepcopy(tiny_model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
-    halved = torch.optim.AdamW(twin.parameters(), lr=config.learning_rate / 2, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.optimizer.learning_rate, betas=(0.9, 0.95), weight_decay=0.0
+    )
+    halved = torch.optim.AdamW(
+        twin.parameters(), lr=config.optimizer.learning_rate / 2, betas=(0.9, 0.95), weight_decay=0.0
+    )
     for parameter, other in zip(model.parameters(), twin.parameters(), strict=True):
         parameter.grad = torch.full_like(parameter, 1e-3)
         other.grad = parameter.grad.clone()
     metrics = optimizer_step(model, optimizer, config, NonFiniteGuard(3), 0, {}, share=0.5)
-    torch.nn.utils.clip_grad_norm_(twin.parameters(), config.max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(twin.parameters(), config.optimizer.max_grad_norm)
     halved.step()
-    assert metrics["train/learning_rate"] == pytest.approx(config.learning_rate / 2)
-    assert optimizer.param_groups[0]["lr"] == config.learning_rate
+    assert metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate / 2)
+    assert optimizer.param_groups[0]["lr"] == config.optimizer.learning_rate
     for parameter, other in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(parameter, other, rtol=0, atol=1e-7)
 

@@ -24,7 +24,7 @@ def logits(model, tokenizer) -> torch.Tensor:
 
 def trained_lora_policy(model_dir, config=LORA, steps=3, gradient_checkpointing=False):
     policy, tokenizer = load_policy(
-        model_dir, torch.device("cpu"), gradient_checkpointing=gradient_checkpointing, lora=config
+        model_dir, torch.device("cpu"), gradient_checkpointing=gradient_checkpointing, lora=config.lora
     )
     optimizer, schedule = make_optimizer(policy, config, steps)
     metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=steps))
@@ -54,22 +54,24 @@ def test_invalid_lora_params_are_named(section, values, message):
 
 
 def test_target_modules_are_checked_against_the_model_before_it_loads(tiny_model_dir):
-    check_lora_targets(tiny_model_dir, LORA, "sft")
+    check_lora_targets(tiny_model_dir, LORA.lora, "sft")
     for targets in (["q_proj", "qkv_proj"], ["embed_tokens"], ["lm_head"]):  # tied vocabulary layers: refused
         with pytest.raises(ConfigError, match=rf"^ei.lora_target_modules: {targets[-1]} name no weight matrix.*q_proj"):
-            check_lora_targets(tiny_model_dir, dataclasses.replace(LORA, lora_target_modules=targets), "ei")
-    check_lora_targets(tiny_model_dir, dataclasses.replace(LORA, lora_rank=0, lora_target_modules=["nothing"]), "sft")
+            check_lora_targets(tiny_model_dir, dataclasses.replace(LORA.lora, lora_target_modules=targets), "ei")
+    check_lora_targets(
+        tiny_model_dir, dataclasses.replace(LORA.lora, lora_rank=0, lora_target_modules=["nothing"]), "sft"
+    )
 
 
 def test_only_the_adapters_train_and_the_policy_starts_as_the_base_model(tiny_model_dir):
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"), lora=LORA)
+    policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"), lora=LORA.lora)
     trained = {name for name, p in policy.named_parameters() if p.requires_grad}
     assert trained and all(".lora_A." in name or ".lora_B." in name for name in trained)
-    assert len(trained) == 2 * len(LORA.lora_target_modules) * base.config.num_hidden_layers
+    assert len(trained) == 2 * len(LORA.lora.lora_target_modules) * base.config.num_hidden_layers
     assert torch.equal(logits(policy, tokenizer), logits(base, tokenizer))  # B = 0: no change before a step
     adapter_size = sum(p.numel() for p in trainable_parameters(policy))
-    assert adapter_size == ModelShape.from_dir(tiny_model_dir).lora_parameters(4, LORA.lora_target_modules)
+    assert adapter_size == ModelShape.from_dir(tiny_model_dir).lora_parameters(4, LORA.lora.lora_target_modules)
     assert adapter_size < 0.1 * sum(p.numel() for p in base.parameters())
 
 
@@ -122,7 +124,7 @@ def test_the_memory_plan_counts_gradients_and_adamw_for_the_adapters_only(tiny_m
     engine = EngineConfig(layout="split")
     full = plan_memory(shape, GRPOConfig(precision="bf16"), engine, 80 * 2**30)
     lora = plan_memory(shape, GRPOConfig(precision="bf16", lora_rank=4), engine, 80 * 2**30)
-    adapters = shape.lora_parameters(4, GRPOConfig().lora_target_modules)
+    adapters = shape.lora_parameters(4, GRPOConfig().lora.lora_target_modules)
     assert (full.optimizer, lora.optimizer) == (4 * shape.parameters, 4 * adapters)
     assert lora.gradients == 2 * adapters and lora.weights == 2 * (shape.parameters + adapters)
     with_kl = plan_memory(shape, GRPOConfig(precision="bf16", lora_rank=4, kl_coef=0.1), engine, 80 * 2**30)

@@ -70,7 +70,11 @@ def test_apply_writes_a_flow_list_null_and_float_as_yaml_reads_them_back(params_
     overrides = {"eval.stop": ["</answer>", "\n\n"], "sft.max_steps": None, "grpo.learning_rate": 3e-6}
     apply_to_file(overrides, params_file)
     params = load_params(params_file)
-    assert (params.eval.stop, params.sft.max_steps, params.grpo.learning_rate) == (["</answer>", "\n\n"], None, 3e-6)
+    assert (params.eval.stop, params.sft.max_steps, params.grpo.optimizer.learning_rate) == (
+        ["</answer>", "\n\n"],
+        None,
+        3e-6,
+    )
 
 
 def test_apply_refuses_a_value_it_cannot_edit_in_place(tmp_path):

@@ -71,7 +71,7 @@ def test_grpo_scores_rollouts_with_the_users_reward(params_file):
     specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
     config = GRPOConfig()
     wrong = " 3 * 100 = 350 </think> <answer> 350 </answer>"  # well-formed: the tolerant reward's partial credit
-    texts = [NEAR, wrong] * (config.group_size // 2)
+    texts = [NEAR, wrong] * (config.batching.group_size // 2)
     samples = [Sample(text, [1], None, prompt_token_ids=[2], finish="stop_string") for text in texts]
     questions = [GSM8KExample("q", "", "300")]
     mean = sample_metrics(questions, samples, config, "", specs)["reward"]

@@ -97,12 +97,12 @@ def token_ids(samples: list[list[Sample]]) -> list[list[list[int]]]:
     ],
 )
 def test_invalid_engine_config_names_the_field(field, value):
-    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+    with pytest.raises(ConfigError, match=f"^rollout.{field}: "):
         EngineConfig(**{field: value})
 
 
 def test_split_layout_rejects_the_policy_gpu():
-    with pytest.raises(ValueError, match="EngineConfig.engine_device"):
+    with pytest.raises(ConfigError, match="^rollout.engine_device: must not be cuda:0"):
         EngineConfig(layout="split", engine_device="cuda:0")
 
 
@@ -490,7 +490,7 @@ def test_a_deterministic_engine_puts_the_process_on_deterministic_kernels_and_st
 
 @pytest.mark.parametrize("name", ["deterministic", "enforce_eager"])
 def test_switches_must_be_booleans(name):
-    with pytest.raises(ValueError, match=f"EngineConfig.{name} must be true or false"):
+    with pytest.raises(ConfigError, match=f"^rollout.{name}: must be true or false"):
         EngineConfig(**{name: "yes"})
 
 

@@ -87,11 +87,11 @@ SCHEDULED = {
 
 def grpo_rates(config: GRPOConfig, first_step: int = 0) -> list[float]:
     """The rates of the optimizer steps in run_grpo's loop order, from GRPO step ``first_step`` on."""
-    per_epoch = config.rollout_batch_size // config.train_batch_size
+    per_epoch = config.batching.rollout_batch_size // config.batching.train_batch_size
     return [
         scheduled_learning_rate(config, step, epoch, batch)
         for step in range(first_step, config.n_grpo_steps)
-        for epoch in range(config.epochs_per_rollout_batch)
+        for epoch in range(config.batching.epochs_per_rollout_batch)
         for batch in range(per_epoch)
     ]
 
@@ -111,12 +111,12 @@ def test_a_short_step_scales_the_scheduled_rate_and_leaves_it_for_the_next():
     """Dynamic sampling short of groups: the step trains (and logs) at the scheduled rate times its share."""
     config = GRPOConfig(**SCHEDULED)
     policy = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.optimizer.learning_rate)
     policy(torch.ones(1, 2)).sum().backward()
     scheduled = scheduled_learning_rate(config, 2, 1, 0)
     set_learning_rate(optimizer, scheduled)
     metrics = optimizer_step(policy, optimizer, config, NonFiniteGuard(3), 2, {}, share=0.25)
-    assert scheduled != config.learning_rate
+    assert scheduled != config.optimizer.learning_rate
     assert metrics["train/learning_rate"] == pytest.approx(scheduled * 0.25)
     assert optimizer.param_groups[0]["lr"] == scheduled
 
@@ -127,12 +127,12 @@ def test_a_resumed_run_continues_the_same_rate_sequence(tiny_model, tmp_path):
     config = GRPOConfig(**SCHEDULED)
     live = tmp_path / "live"
     live.mkdir()
-    optimizer = torch.optim.AdamW(tiny_model.parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(tiny_model.parameters(), lr=config.optimizer.learning_rate)
     set_learning_rate(optimizer, scheduled_learning_rate(config, 2, 1, 1))  # the last step before the checkpoint
     state = TrainingState(step=3, optimizer_steps=12)
     save_checkpoint(tmp_path / "checkpoints", tiny_model, optimizer, state, BestCheckpoint(), live, "fingerprint")
 
-    restored = torch.optim.AdamW(tiny_model.parameters(), lr=config.learning_rate)
+    restored = torch.optim.AdamW(tiny_model.parameters(), lr=config.optimizer.learning_rate)
     resumed = resume(tmp_path / "checkpoints", "fingerprint", tiny_model, restored, BestCheckpoint(), live)
     assert (resumed.step, resumed.optimizer_steps) == (3, 12)
     assert grpo_rates(config, first_step=resumed.step) == grpo_rates(config)[12:]

@@ -7,6 +7,7 @@ parameter (``eval.temperature``), before any stage loads a model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -14,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -268,38 +269,46 @@ class EngineConfig:
         return GPU_MEMORY_UTILIZATION.get(self.layout, 0.0)
 
     def __post_init__(self) -> None:
-        if self.layout not in LAYOUT_GPUS:
-            raise ValueError(f"EngineConfig.layout must be one of {', '.join(LAYOUT_GPUS)}; got {self.layout!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"EngineConfig.dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-        if not is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"EngineConfig.seed must be a non-negative integer; got {self.seed!r}")
-        if self.gpu_memory_utilization is not None and (
-            isinstance(self.gpu_memory_utilization, bool)
-            or not isinstance(self.gpu_memory_utilization, int | float)
-            or not 0.0 < self.gpu_memory_utilization <= 1.0
-        ):
-            raise ValueError(
-                f"EngineConfig.gpu_memory_utilization must be a fraction in (0, 1]; got {self.gpu_memory_utilization!r}"
-            )
-        if not isinstance(self.enable_sleep, bool):
-            raise ValueError(f"EngineConfig.enable_sleep must be true or false; got {self.enable_sleep!r}")
-        for name in ("deterministic", "enforce_eager"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"EngineConfig.{name} must be true or false; got {getattr(self, name)!r}")
-        if not is_int(self.cpu_kv_cache_gib) or self.cpu_kv_cache_gib < 1:
-            raise ValueError(
-                f"EngineConfig.cpu_kv_cache_gib must be a whole number of GiB >= 1; got {self.cpu_kv_cache_gib!r}"
-            )
-        if not is_int(self.max_model_len) or self.max_model_len < 16:
-            raise ValueError(f"EngineConfig.max_model_len must be an integer >= 16; got {self.max_model_len!r}")
-        if not isinstance(self.engine_device, str) or not re.fullmatch(r"cuda:\d+", self.engine_device):
-            raise ValueError(f"EngineConfig.engine_device must look like 'cuda:1'; got {self.engine_device!r}")
-        if self.layout == "split" and self.engine_device == "cuda:0":
-            raise ValueError(
-                "EngineConfig.engine_device must not be cuda:0 with layout 'split': the policy lives on cuda:0 "
-                "(use layout 'colocate' to share one GPU)"
-            )
+        _require(
+            self.layout in LAYOUT_GPUS,
+            "rollout.layout",
+            f"must be one of {', '.join(LAYOUT_GPUS)}, got {self.layout!r}",
+        )
+        _require(self.dtype in DTYPES, "rollout.dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _require(
+            is_int(self.seed) and self.seed >= 0, "rollout.seed", f"must be a non-negative integer, got {self.seed!r}"
+        )
+        fraction = self.gpu_memory_utilization
+        _require(
+            fraction is None
+            or (not isinstance(fraction, bool) and isinstance(fraction, int | float) and 0.0 < fraction <= 1.0),
+            "rollout.gpu_memory_utilization",
+            f"must be a fraction in (0, 1], got {fraction!r}",
+        )
+        for name in ("enable_sleep", "deterministic", "enforce_eager"):
+            value = getattr(self, name)
+            _require(isinstance(value, bool), f"rollout.{name}", f"must be true or false, got {value!r}")
+        _require(
+            is_int(self.cpu_kv_cache_gib) and self.cpu_kv_cache_gib >= 1,
+            "rollout.cpu_kv_cache_gib",
+            f"must be a whole number of GiB ≥ 1, got {self.cpu_kv_cache_gib!r}",
+        )
+        _require(
+            is_int(self.max_model_len) and self.max_model_len >= 16,
+            "rollout.max_model_len",
+            f"must be an integer ≥ 16, got {self.max_model_len!r}",
+        )
+        _require(
+            isinstance(self.engine_device, str) and re.fullmatch(r"cuda:\d+", self.engine_device) is not None,
+            "rollout.engine_device",
+            f"must look like 'cuda:1', got {self.engine_device!r}",
+        )
+        _require(
+            self.layout != "split" or self.engine_device != "cuda:0",
+            "rollout.engine_device",
+            "must not be cuda:0 with rollout.layout split: the policy lives on cuda:0 (use layout colocate to share "
+            "one GPU)",
+        )
 
 
 @dataclass(frozen=True)
@@ -391,15 +400,124 @@ RewardsConfig = dataclasses.make_dataclass(
 )
 
 
+class _Group:
+    """A dataclass of some of a training section's params, one concern each (sampling, the loss, the optimizer ...).
+    params.yaml keeps the section flat (``grpo.temperature``, not ``grpo.sampling.temperature``): the section routes
+    each key to the group that declares it. A group checks its own fields; a check across groups is its section's."""
+
+
+class _Section:
+    """A training section (``sft``, ``ei``, ``grpo``): its params grouped by concern in code, flat in params.yaml
+    (``config.sampling.temperature`` is ``grpo.temperature``). It is built from the flat keys (as :func:`from_dict`
+    reads them, or ``GRPOConfig(temperature=0.5)``), from its groups, or from both (``dataclasses.replace(config,
+    temperature=0.5)``): a key overrides its field in the group given."""
+
+    SECTION: ClassVar[str]
+    """The params.yaml section, which names the params in errors."""
+    KEYS: ClassVar[tuple[str, ...]]
+    """Every key of the section, in the order model cards and run fingerprints list them (:func:`flat_dict`)."""
+
+    def __init__(self, **values: Any) -> None:
+        cls = type(self)
+        routes, groups = _routes(cls), _groups(cls)
+        for name in values:
+            if name not in routes and name not in groups:
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {name!r}")
+        for spec in dataclasses.fields(cls):
+            if spec.name in values:
+                value = values[spec.name]
+            elif spec.default is not dataclasses.MISSING:
+                value = spec.default
+            elif spec.default_factory is not dataclasses.MISSING:
+                value = spec.default_factory()
+            else:
+                raise TypeError(f"{cls.__name__}() missing argument {spec.name!r}")
+            changes = {key: values[key] for key, group in routes.items() if group == spec.name and key in values}
+            if changes:
+                value = dataclasses.replace(value, **changes)
+            object.__setattr__(self, spec.name, value)
+        self.__post_init__()
+
+    # TEMPORARY (issue 30): removed once every call site reads the groups
+    def __getattr__(self, name: str) -> Any:
+        group = None if name.startswith("_") else _flat_attributes(type(self)).get(name)
+        if group is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__[group], name)
+
+
+@functools.cache
+def _groups(cls: type) -> dict[str, type]:
+    """Field name → group class, of section ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return {spec.name: hints[spec.name] for spec in dataclasses.fields(cls) if _is_group(hints[spec.name])}
+
+
+def _is_group(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, _Group)
+
+
+def _group_params(group: type) -> list[str]:
+    """The params a group holds: its fields but ``section`` (which says whose params they are)."""
+    return [spec.name for spec in dataclasses.fields(group) if spec.name != "section"]
+
+
+@functools.cache
+def _routes(cls: type) -> dict[str, str | None]:
+    """Key → the field of section ``cls`` whose group holds it (None: a field of the section itself), in
+    ``cls.KEYS`` order."""
+    groups = _groups(cls)
+    owners = [(spec.name, None) for spec in dataclasses.fields(cls) if spec.name not in groups]
+    owners += [(key, name) for name, group in groups.items() for key in _group_params(group)]
+    if sorted(key for key, _ in owners) != sorted(cls.KEYS):
+        raise TypeError(f"{cls.__name__}.KEYS must list each of its groups' and its own params once")  # a bug here
+    owner = dict(owners)
+    return {key: owner[key] for key in cls.KEYS}
+
+
+# TEMPORARY (issue 30): removed once every call site reads the groups
+@functools.cache
+def _flat_attributes(cls: type) -> dict[str, str]:
+    """Old flat attribute (a key or a group's derived property) → the field of section ``cls`` whose group has it."""
+    attributes = {key: group for key, group in _routes(cls).items() if group is not None}
+    for name, group in _groups(cls).items():
+        attributes |= {attribute: name for attribute, value in vars(group).items() if isinstance(value, property)}
+    return attributes
+
+
+def _param_types(cls: type) -> dict[str, Any]:
+    """Key → type annotation of each param of dataclass ``cls``; a section's groups' params are keys of its own."""
+    if not issubclass(cls, _Section):
+        hints = typing.get_type_hints(cls)
+        return {spec.name: hints[spec.name] for spec in dataclasses.fields(cls)}
+    owners = {name: typing.get_type_hints(group) for name, group in _groups(cls).items()}
+    own = typing.get_type_hints(cls)
+    return {key: (own if group is None else owners[group])[key] for key, group in _routes(cls).items()}
+
+
+def flat_dict(config: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(config)`` with a training section's groups flattened into its keys, as params.yaml names
+    them, in the section's order (``KEYS``): the one mapping of a section's params (model cards, run fingerprints)."""
+    values = dataclasses.asdict(config)
+    if not isinstance(config, _Section):
+        return values
+    for name, group in _groups(type(config)).items():
+        grouped = values.pop(name)
+        values |= {key: grouped[key] for key in _group_params(group)}
+    return {key: values[key] for key in config.KEYS}
+
+
 LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 """Every linear layer of a Qwen2/Llama decoder block: adapting the MLPs as well as attention is what lets LoRA match
 full fine-tuning in RL (Schulman et al., "LoRA Without Regret", 2025)."""
 
 
 @dataclass(frozen=True)
-class LoRAOptions:
-    """LoRA instead of full fine-tuning (``reasonrl.lora``): fields shared by ``sft``, ``ei`` and ``grpo``."""
+class LoRAConfig(_Group):
+    """LoRA instead of full fine-tuning (``reasonrl.lora``): the ``lora_*`` keys of ``sft``, ``ei`` and ``grpo``."""
 
+    section: str
+    """The section whose keys these are (``sft``, ``ei``, ``grpo``)."""
     lora_rank: int = 0
     """Rank r of the adapters; 0 = full fine-tuning. LoRA trains ~1% of the parameters (rank 16 on the 1.5B model),
     so gradients and AdamW state shrink with them; it wants a learning rate ~10× full fine-tuning's."""
@@ -408,7 +526,8 @@ class LoRAOptions:
     lora_target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGET_MODULES))
     """Names of the linear layers to adapt (the last component of a module's name)."""
 
-    def _validate_lora(self, section: str) -> None:
+    def __post_init__(self) -> None:
+        section = self.section
         _require(
             self.lora_rank >= 0, f"{section}.lora_rank", f"must be ≥ 0 (0 = full fine-tuning), got {self.lora_rank}"
         )
@@ -421,17 +540,39 @@ class LoRAOptions:
 
 
 @dataclass(frozen=True)
-class SFTOptimization(LoRAOptions):
-    """Optimisation of one supervised fine-tuning run (shared by ``sft`` and each expert-iteration round)."""
+class OptimizerConfig(_Group):
+    """AdamW and its learning-rate schedule, of ``sft``, ``ei`` and ``grpo`` (each warms up by a key of its own:
+    ``warmup_ratio``, ``warmup_steps``). The defaults are SFT's and EI's; GRPO's differ."""
 
+    section: str
+    """The section whose keys these are (``sft``, ``ei``, ``grpo``)."""
     learning_rate: float = 2e-5
-    """AdamW peak learning rate (linear warm-up, then ``lr_schedule``)."""
-    warmup_ratio: float = 0.05
-    """Fraction of the optimizer steps spent warming the learning rate up from 0 (a run's steps depend on its data,
-    so a fraction, not a count; each expert-iteration round warms up anew)."""
+    """AdamW peak learning rate (after warm-up, ``lr_schedule``)."""
     lr_schedule: LRSchedule = "constant"
-    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay toward 0 over the run's (the round's) remaining
-    optimizer steps (``reasonrl.schedules``)."""
+    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay toward 0 over the remaining optimizer steps: of
+    the run (of an expert-iteration round; GRPO's planned ``total_optimizer_steps``) (``reasonrl.schedules``)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas (the defaults: AdamW's own)."""
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm)."""
+
+    def __post_init__(self) -> None:
+        section = self.section
+        _require(self.learning_rate > 0, f"{section}.learning_rate", f"must be > 0, got {self.learning_rate}")
+        _require(self.max_grad_norm > 0, f"{section}.max_grad_norm", "must be > 0")
+        _require(self.weight_decay >= 0, f"{section}.weight_decay", "must be ≥ 0")
+        _require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{section}.betas", "must be two in [0, 1)"
+        )
+
+
+@dataclass(frozen=True)
+class SFTBatching(_Group):
+    """The batches of one supervised fine-tuning run (``sft``, and each expert-iteration round: ``ei``)."""
+
+    section: str
+    """The section whose keys these are (``sft``, ``ei``)."""
     batch_size: int = 32
     """Sequences per optimizer step (the effective batch)."""
     microbatch_size: int = 4
@@ -440,29 +581,15 @@ class SFTOptimization(LoRAOptions):
     microbatch_tokens: int | None = None
     """Token budget of one forward/backward: the step's sequences sorted by length fill each microbatch up to
     rows × longest ≤ this (replaces ``microbatch_size``); null = fixed microbatches. The gradient is the same."""
-    precision: Precision = "mixed"
-    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
-    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping threshold (global L2 norm)."""
-    weight_decay: float = 0.0
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory for long sequences, ~30% slower."""
-    seed: int = 0
-    """Data order and any training randomness."""
 
-    def _validate_optimization(self, section: str) -> None:
-        self._validate_lora(section)
-        _require(self.learning_rate > 0, f"{section}.learning_rate", f"must be > 0, got {self.learning_rate}")
-        _require(0 <= self.warmup_ratio < 1, f"{section}.warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
+    def __post_init__(self) -> None:
+        section = self.section
         _require(self.microbatch_size >= 1, f"{section}.microbatch_size", "must be ≥ 1")
         _require(
             self.batch_size >= 1 and self.batch_size % self.microbatch_size == 0,
             f"{section}.batch_size",
             f"must be a positive multiple of {section}.microbatch_size={self.microbatch_size}, got {self.batch_size}",
         )
-        _require(self.max_grad_norm > 0, f"{section}.max_grad_norm", "must be > 0")
-        _require(self.weight_decay >= 0, f"{section}.weight_decay", "must be ≥ 0")
         _require_tokens(self.microbatch_tokens, f"{section}.microbatch_tokens")
 
     @property
@@ -470,17 +597,41 @@ class SFTOptimization(LoRAOptions):
         return self.batch_size // self.microbatch_size
 
 
-@dataclass(frozen=True)
-class SFTConfig(SFTOptimization):
-    """``sft``: supervised fine-tuning of the base model on reference chains of thought (handout Algorithm 1)."""
+@dataclass(frozen=True, init=False)
+class SFTOptimization(_Section):
+    """Optimisation of one supervised fine-tuning run (shared by ``sft`` and each expert-iteration round)."""
 
-    dataset: Literal["full", "filtered"] = "filtered"
-    """``full``: every GSM8K train example; ``filtered``: those whose reference CoT is verified correct."""
-    num_examples: int | None = None
-    """Train on the first N pairs (the handout's sweep: 128, 256, 512, 1024); null = all."""
-    epochs: int = 1
-    max_steps: int | None = None
-    """Stop after this many optimizer steps (null: run all epochs)."""
+    lora: LoRAConfig
+    optimizer: OptimizerConfig
+    batching: SFTBatching
+    warmup_ratio: float = 0.05
+    """Fraction of the optimizer steps spent warming the learning rate up from 0 (a run's steps depend on its data,
+    so a fraction, not a count; each expert-iteration round warms up anew)."""
+    precision: Precision = "mixed"
+    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
+    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory for long sequences, ~30% slower."""
+    seed: int = 0
+    """Data order and any training randomness."""
+
+    KEYS = tuple(
+        (
+            "lora_rank lora_alpha lora_target_modules learning_rate warmup_ratio lr_schedule batch_size "
+            "microbatch_size microbatch_tokens precision max_grad_norm betas weight_decay gradient_checkpointing "
+            "seed"
+        ).split()
+    )
+
+    def __post_init__(self) -> None:
+        name = f"{self.SECTION}.warmup_ratio"
+        _require(0 <= self.warmup_ratio < 1, name, f"must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass(frozen=True)
+class SFTCadence(_Group):
+    """When an SFT run evaluates, checkpoints and keeps its policy."""
+
     eval_every: int = 50
     """Optimizer steps between validation evaluations (one more at the end)."""
     eval_examples: int = 500
@@ -491,17 +642,43 @@ class SFTConfig(SFTOptimization):
     (fp32 weights and AdamW's two moments of the 1.5B model), so not every step."""
     keep_every: int = 0
     """Keep the policy every N optimizer steps as a plain HF directory in ``--kept`` (``step_NNNNNN``); 0 = none."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.checkpoint_every >= 0, "sft.checkpoint_every", f"must be ≥ 0 (0 = off), got {self.checkpoint_every}"
+        )
+        _require(self.keep_every >= 0, "sft.keep_every", f"must be ≥ 0 (0 = off), got {self.keep_every}")
+        _require(self.eval_every >= 1, "sft.eval_every", "must be ≥ 1")
+        _require(self.eval_examples >= 1, "sft.eval_examples", "must be ≥ 1")
+
+
+@dataclass(frozen=True, init=False)
+class SFTConfig(SFTOptimization):
+    """``sft``: supervised fine-tuning of the base model on reference chains of thought (handout Algorithm 1)."""
+
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig("sft"))
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("sft"))
+    batching: SFTBatching = field(default_factory=lambda: SFTBatching("sft"))
+    cadence: SFTCadence = field(default_factory=SFTCadence)
+    dataset: Literal["full", "filtered"] = "filtered"
+    """``full``: every GSM8K train example; ``filtered``: those whose reference CoT is verified correct."""
+    num_examples: int | None = None
+    """Train on the first N pairs (the handout's sweep: 128, 256, 512, 1024); null = all."""
+    epochs: int = 1
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (null: run all epochs)."""
     prompt: PromptName = "r1_zero"
     """Prompt template of the SFT pairs (filter_cots writes them), of SFT's validation and of the final evaluation
     of the sft and base models: one in r1_zero's answer form (``r1_zero``, or ``r1_zero_chat`` for an instruct
     model's chat template), the form of the reference responses."""
 
+    SECTION = "sft"
+    KEYS = SFTOptimization.KEYS + tuple(
+        "dataset num_examples epochs max_steps eval_every eval_examples checkpoint_every keep_every prompt".split()
+    )
+
     def __post_init__(self) -> None:
-        self._validate_optimization("sft")
-        _require(
-            self.checkpoint_every >= 0, "sft.checkpoint_every", f"must be ≥ 0 (0 = off), got {self.checkpoint_every}"
-        )
-        _require(self.keep_every >= 0, "sft.keep_every", f"must be ≥ 0 (0 = off), got {self.keep_every}")
+        super().__post_init__()
         _require(
             self.prompt in R1_ZERO_FORM,
             "sft.prompt",
@@ -510,62 +687,67 @@ class SFTConfig(SFTOptimization):
         _require(self.num_examples is None or self.num_examples >= 1, "sft.num_examples", "must be ≥ 1 or null")
         _require(self.epochs >= 1, "sft.epochs", "must be ≥ 1")
         _require(self.max_steps is None or self.max_steps >= 1, "sft.max_steps", "must be ≥ 1 or null")
-        _require(self.eval_every >= 1, "sft.eval_every", "must be ≥ 1")
-        _require(self.eval_examples >= 1, "sft.eval_examples", "must be ≥ 1")
 
 
 @dataclass(frozen=True)
-class EIConfig(SFTOptimization):
-    """``ei``: expert iteration (handout Algorithm 2): sample, keep the correct answers, fine-tune on them."""
+class EISampling(_Group):
+    """The rollouts of an expert-iteration round."""
 
-    init_model: Literal["base", "sft"] = "base"
-    """Model the rounds start from."""
-    n_steps: int = 5
-    """Rounds of sample → filter → SFT."""
     questions_per_step: int = 512
     """Train questions sampled per round (the handout's batch size Db)."""
     num_rollouts: int = 4
     """Responses per question (G)."""
-    sft_epochs: int = 1
-    """SFT epochs over each round's kept pairs."""
     temperature: float = 1.0
     """Sampling temperature of the rounds' rollouts. Harmless to change for the objective: EI trains by SFT on the
     correct samples it keeps (no ratio, no behaviour log-probs), so it changes only which answers are drawn."""
     min_tokens: int = 4
     """Rollouts shorter than this cannot end: no empty answers."""
     max_tokens: int = 1024
-    eval_examples: int = 500
-    """Validation questions evaluated after each round."""
-    prompt: PromptName = "r1_zero"
-    """Prompt template of the rollouts (graded by its reward function), the validation and the final evaluation."""
 
     def __post_init__(self) -> None:
-        self._validate_optimization("ei")
-        for name in ("n_steps", "questions_per_step", "num_rollouts", "sft_epochs", "max_tokens", "eval_examples"):
+        for name in ("questions_per_step", "num_rollouts", "max_tokens"):
             _require(getattr(self, name) >= 1, f"ei.{name}", f"must be ≥ 1, got {getattr(self, name)}")
         _require(self.temperature > 0, "ei.temperature", "must be > 0 (sampling)")
         _require(0 <= self.min_tokens <= self.max_tokens, "ei.min_tokens", "must be in [0, ei.max_tokens]")
 
 
-@dataclass(frozen=True)
-class GRPOConfig(LoRAOptions):
-    """``grpo``: GRPO with a verifiable reward (handout Algorithm 3 and section 8)."""
+@dataclass(frozen=True, init=False)
+class EIConfig(SFTOptimization):
+    """``ei``: expert iteration (handout Algorithm 2): sample, keep the correct answers, fine-tune on them."""
 
-    n_grpo_steps: int = 200
-    """Rollout-then-train steps."""
-    learning_rate: float = 1e-5
-    """AdamW peak learning rate."""
-    lr_schedule: LRSchedule = "constant"
-    """After warm-up: ``constant``, or ``linear`` / ``cosine`` decay toward 0 over the remaining planned optimizer
-    steps (``total_optimizer_steps``; ``reasonrl.schedules``)."""
-    warmup_steps: int = 0
-    """Optimizer steps warming the learning rate up linearly from peak / warmup_steps to the peak; 0 = none."""
-    advantage_eps: float = 1e-6
-    """Added to the group std before dividing (a group of equal rewards has std 0)."""
-    rollout_batch_size: int = 256
-    """Responses sampled per step: rollout_batch_size / group_size questions."""
-    group_size: int = 8
-    """Responses per question; advantages are relative to the group."""
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig("ei"))
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("ei"))
+    batching: SFTBatching = field(default_factory=lambda: SFTBatching("ei"))
+    sampling: EISampling = field(default_factory=EISampling)
+    init_model: Literal["base", "sft"] = "base"
+    """Model the rounds start from."""
+    n_steps: int = 5
+    """Rounds of sample → filter → SFT."""
+    sft_epochs: int = 1
+    """SFT epochs over each round's kept pairs."""
+    eval_examples: int = 500
+    """Validation questions evaluated after each round."""
+    prompt: PromptName = "r1_zero"
+    """Prompt template of the rollouts (graded by its reward function), the validation and the final evaluation."""
+
+    SECTION = "ei"
+    KEYS = SFTOptimization.KEYS + tuple(
+        (
+            "init_model n_steps questions_per_step num_rollouts sft_epochs temperature min_tokens max_tokens "
+            "eval_examples prompt"
+        ).split()
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("n_steps", "sft_epochs", "eval_examples"):
+            _require(getattr(self, name) >= 1, f"ei.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class GRPOSampling(_Group):
+    """How a GRPO step's rollouts are drawn."""
+
     temperature: float = 1.0
     """Sampling temperature of the rollouts; the trainer scores the same tempered distribution, ``softmax(logits /
     temperature)``, for π, π_old, π_ref and the entropy, and the engine's μ is of it too (no top-p: the full
@@ -574,25 +756,29 @@ class GRPOConfig(LoRAOptions):
     """Rollouts cannot end before this many tokens (no empty answers); over them the engine samples, and its μ
     scores, with EOS masked out."""
     max_tokens: int = 1024
-    epochs_per_rollout_batch: int = 1
-    """Passes over each rollout batch; > 1 (or train_batch_size < rollout_batch_size) is off-policy."""
-    train_batch_size: int = 256
-    """Responses per optimizer step."""
-    gradient_accumulation_steps: int = 128
-    """Microbatches per optimizer step when ``microbatch_tokens`` is null: microbatch = train_batch_size /
-    gradient_accumulation_steps."""
-    microbatch_tokens: int | None = None
-    """Token budget of one forward/backward: the step's responses sorted by length fill each microbatch up to
-    rows × longest ≤ this (replaces gradient_accumulation_steps); null = fixed microbatches. Same gradient."""
-    old_log_probs_microbatch_tokens: int | None = None
-    """Token budget of the old-log-prob pass (no gradient, so it can be several times ``microbatch_tokens``);
-    null = the training microbatch size."""
-    precision: Precision = "mixed"
-    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
-    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (no advantage, no gradient) and draw more questions until the step
+    has ``rollout_batch_size / group_size`` groups with signal (DAPO, arXiv:2503.14476): more rollouts per step,
+    every one of them informative."""
+    max_sampling_rounds: int = 3
+    """Sampling rounds per step at most with ``dynamic_sampling``; short of groups then, the step trains on fewer."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "max_sampling_rounds"):
+            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
+        _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
+
+
+@dataclass(frozen=True)
+class GRPOLoss(_Group):
+    """GRPO's advantages and per-token loss."""
+
     loss_type: LossTypeName = "reinforce_with_baseline"
     """The policy-gradient loss, a loss type of ``reasonrl.loss_registry``: its entry says its weight (raw reward or
     group-normalised advantage), its importance ratio if any (safe off-policy) and the params it reads."""
+    advantage_eps: float = 1e-6
+    """Added to the group std before dividing (a group of equal rewards has std 0)."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
     length_normalization: LengthNormalization = "masked_mean"
@@ -611,97 +797,56 @@ class GRPOConfig(LoRAOptions):
     """The penalty per sampled token, r = π_ref/π: ``k3`` = (r-1) - log r, whose expected gradient is ∇ KL(π_ref ‖ π)
     (the GRPO paper's), or ``k2`` = ½ (log r)², whose expected gradient is ∇ KL(π ‖ π_ref). (``k1`` = -log r has
     expected gradient 0 as a loss, so it is not offered.)"""
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (no advantage, no gradient) and draw more questions until the step
-    has ``rollout_batch_size / group_size`` groups with signal (DAPO, arXiv:2503.14476): more rollouts per step,
-    every one of them informative."""
-    max_sampling_rounds: int = 3
-    """Sampling rounds per step at most with ``dynamic_sampling``; short of groups then, the step trains on fewer."""
     mask_truncated: bool = False
     """Give zero loss weight to responses cut at ``max_tokens`` (DAPO's overlong filtering): an unfinished answer
     says nothing about the answer's correctness. They still count in their group's reward statistics."""
-    max_grad_norm: float = 1.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    """AdamW betas."""
-    weight_decay: float = 0.0
-    prompt: PromptName = "r1_zero"
-    """Prompt template; each has its own reward function. A chat prompt (``r1_zero_chat``) renders through the
-    tokenizer's chat template."""
-    init_model: Literal["base", "sft", "ei"] = "base"
-    """Model GRPO starts from."""
-    old_log_probs_from: Literal["policy", "engine"] = "policy"
-    """Off-policy losses: recompute old log-probs with the policy (exact), or take the engine's (cheaper; differs
-    slightly in numerics, and over the first ``min_tokens`` tokens is of the distribution without EOS)."""
-    max_staleness: int = 0
-    """0: the synchronous loop (generate, then train). k ≥ 1: the batch GRPO step s trains on is generated with the
-    weights of step s − k exactly (steps < k: the initial weights), by an engine in its own process that generates
-    the next steps' batches while the policy trains (layouts ``cpu`` and ``split``). Needs ``rollout_is_cap``."""
-    rollout_is_cap: float | None = None
-    """Truncated importance weight cap C: every policy-gradient token term is multiplied by min(π_old/μ, C), where
-    π_old is the trainer's log-prob at the start of the step and μ the engine's (behaviour) log-prob of the sampled
-    token (TIS, Yao et al. 2025; AReaL's decoupled objective, arXiv:2505.24298); the KL penalty is not weighted.
-    null = off; otherwise ≥ 1, with ``old_log_probs_from: policy`` (the engine's π_old would equal μ)."""
-    eval_every: int = 10
-    """Steps between validation evaluations (also at the first and the last step)."""
-    eval_examples: int = 500
-    """Validation questions per evaluation."""
-    checkpoint_every: int = 10
-    """Steps between resumable checkpoints."""
-    keep_every: int = 0
-    """Keep the policy every N GRPO steps as a plain HF directory in ``--kept`` (``step_NNNNNN``); 0 = none."""
-    max_consecutive_nonfinite: int = 3
-    """Optimizer steps in a row skipped for a NaN/Inf (advantages, loss, gradients) before the stage stops."""
-    gradient_checkpointing: bool = False
-    seed: int = 0
 
     def __post_init__(self) -> None:
-        self._validate_lora("grpo")
-        positive = (
-            "n_grpo_steps rollout_batch_size group_size max_tokens epochs_per_rollout_batch train_batch_size "
-            "gradient_accumulation_steps eval_every eval_examples checkpoint_every max_consecutive_nonfinite "
-            "max_sampling_rounds"
-        )
-        for name in positive.split():
-            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
-        _require(self.keep_every >= 0, "grpo.keep_every", f"must be ≥ 0 (0 = off), got {self.keep_every}")
-        _require(self.learning_rate > 0, "grpo.learning_rate", "must be > 0")
         _require(self.advantage_eps > 0, "grpo.advantage_eps", "must be > 0")
-        _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
-        _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
         _require(0 < self.cliprange < 1, "grpo.cliprange", f"must be in (0, 1), got {self.cliprange}")
         _require(
             self.cliprange_high is None or self.cliprange_high > 0,
             "grpo.cliprange_high",
             f"must be > 0 or null, got {self.cliprange_high}",
         )
-        self._check_cliprange_high()
+        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
+        _require(  # a setting of the loss types that read it only (the registry's entries say)
+            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
+            "grpo.cliprange_high",
+            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
+        )
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
-        _require(self.max_grad_norm > 0, "grpo.max_grad_norm", "must be > 0")
-        _require(
-            self.max_staleness >= 0, "grpo.max_staleness", f"must be ≥ 0 (0 = synchronous), got {self.max_staleness}"
-        )
-        _require(
-            self.rollout_is_cap is None or self.rollout_is_cap >= 1,
-            "grpo.rollout_is_cap",
-            f"must be ≥ 1 or null (off), got {self.rollout_is_cap}",
-        )
-        _require(
-            self.max_staleness == 0 or self.rollout_is_cap is not None,
-            "grpo.rollout_is_cap",
-            f"must be set with grpo.max_staleness {self.max_staleness} > 0: an uncorrected stale gradient is biased; "
-            f"set e.g. 2.0 (or grpo.max_staleness to 0)",
-        )
-        _require(
-            self.rollout_is_cap is None or self.old_log_probs_from == "policy",
-            "grpo.old_log_probs_from",
-            f"must be policy with grpo.rollout_is_cap {self.rollout_is_cap}: with engine, π_old would equal the "
-            f"engine's μ and the importance weight would always be 1; set it to policy (or grpo.rollout_is_cap to "
-            f"null)",
-        )
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "grpo.betas", "must be two in [0, 1)")
+
+
+@dataclass(frozen=True)
+class GRPOBatching(_Group):
+    """The shape of a GRPO step: the responses it samples, in groups of a question's, and how they are cut into
+    optimizer steps and microbatches (the handout's asserts, as errors that say which parameters conflict)."""
+
+    rollout_batch_size: int = 256
+    """Responses sampled per step: rollout_batch_size / group_size questions."""
+    group_size: int = 8
+    """Responses per question; advantages are relative to the group."""
+    epochs_per_rollout_batch: int = 1
+    """Passes over each rollout batch; > 1 (or train_batch_size < rollout_batch_size) is off-policy."""
+    train_batch_size: int = 256
+    """Responses per optimizer step."""
+    gradient_accumulation_steps: int = 128
+    """Microbatches per optimizer step when ``microbatch_tokens`` is null: microbatch = train_batch_size /
+    gradient_accumulation_steps."""
+    microbatch_tokens: int | None = None
+    """Token budget of one forward/backward: the step's responses sorted by length fill each microbatch up to
+    rows × longest ≤ this (replaces gradient_accumulation_steps); null = fixed microbatches. Same gradient."""
+    old_log_probs_microbatch_tokens: int | None = None
+    """Token budget of the old-log-prob pass (no gradient, so it can be several times ``microbatch_tokens``);
+    null = the training microbatch size."""
+
+    def __post_init__(self) -> None:
+        positive = "rollout_batch_size group_size epochs_per_rollout_batch train_batch_size gradient_accumulation_steps"
+        for name in positive.split():
+            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
         _require_tokens(self.microbatch_tokens, "grpo.microbatch_tokens")
         _require_tokens(self.old_log_probs_microbatch_tokens, "grpo.old_log_probs_microbatch_tokens")
-        # The handout's asserts, as errors that say which parameters conflict.
         _require(
             self.rollout_batch_size % self.group_size == 0,
             "grpo.rollout_batch_size",
@@ -723,37 +868,6 @@ class GRPOConfig(LoRAOptions):
             "grpo.rollout_batch_size",
             f"({self.rollout_batch_size}) must be divisible by grpo.train_batch_size ({self.train_batch_size})",
         )
-        self._check_off_policy_ratio()
-        # After the batch sizes' checks: the run's optimizer steps count whole train batches.
-        _require(
-            0 <= self.warmup_steps <= self.total_optimizer_steps,
-            "grpo.warmup_steps",
-            f"must be in [0, {self.total_optimizer_steps}] (the run's optimizer steps: grpo.n_grpo_steps × "
-            f"epochs_per_rollout_batch × rollout_batch_size / train_batch_size), got {self.warmup_steps}",
-        )
-
-    def _check_cliprange_high(self) -> None:
-        """``grpo.cliprange_high`` is a setting of the loss types that read it only (the registry's entries say)."""
-        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
-        _require(
-            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
-            "grpo.cliprange_high",
-            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
-        )
-
-    def _check_off_policy_ratio(self) -> None:
-        """Later optimizer steps of a rollout batch train on an older policy's samples: only a loss type that reads
-        old log-probs (an importance ratio) keeps their gradient unbiased."""
-        off_policy = self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
-        with_ratio = " or ".join(loss_types_where(lambda entry: entry.needs_old_log_probs))
-        _require(
-            not off_policy or LOSS_TYPES[self.loss_type].needs_old_log_probs,
-            "grpo.loss_type",
-            f"{self.loss_type} has no importance ratio, but grpo.epochs_per_rollout_batch "
-            f"({self.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({self.train_batch_size}) < "
-            f"grpo.rollout_batch_size ({self.rollout_batch_size}) trains later optimizer steps on samples of an older "
-            f"policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
-        )
 
     @property
     def microbatch_size(self) -> int:
@@ -767,10 +881,136 @@ class GRPOConfig(LoRAOptions):
     def optimizer_steps_per_grpo_step(self) -> int:
         return self.epochs_per_rollout_batch * (self.rollout_batch_size // self.train_batch_size)
 
+
+@dataclass(frozen=True)
+class GRPOAsynchrony(_Group):
+    """Rollouts drawn by older weights than the policy's, and the correction of their gradient."""
+
+    old_log_probs_from: Literal["policy", "engine"] = "policy"
+    """Off-policy losses: recompute old log-probs with the policy (exact), or take the engine's (cheaper; differs
+    slightly in numerics, and over the first ``min_tokens`` tokens is of the distribution without EOS)."""
+    max_staleness: int = 0
+    """0: the synchronous loop (generate, then train). k ≥ 1: the batch GRPO step s trains on is generated with the
+    weights of step s − k exactly (steps < k: the initial weights), by an engine in its own process that generates
+    the next steps' batches while the policy trains (layouts ``cpu`` and ``split``). Needs ``rollout_is_cap``."""
+    rollout_is_cap: float | None = None
+    """Truncated importance weight cap C: every policy-gradient token term is multiplied by min(π_old/μ, C), where
+    π_old is the trainer's log-prob at the start of the step and μ the engine's (behaviour) log-prob of the sampled
+    token (TIS, Yao et al. 2025; AReaL's decoupled objective, arXiv:2505.24298); the KL penalty is not weighted.
+    null = off; otherwise ≥ 1, with ``old_log_probs_from: policy`` (the engine's π_old would equal μ)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.max_staleness >= 0, "grpo.max_staleness", f"must be ≥ 0 (0 = synchronous), got {self.max_staleness}"
+        )
+        _require(
+            self.rollout_is_cap is None or self.rollout_is_cap >= 1,
+            "grpo.rollout_is_cap",
+            f"must be ≥ 1 or null (off), got {self.rollout_is_cap}",
+        )
+        _require(
+            self.max_staleness == 0 or self.rollout_is_cap is not None,
+            "grpo.rollout_is_cap",
+            f"must be set with grpo.max_staleness {self.max_staleness} > 0: an uncorrected stale gradient is biased; "
+            f"set e.g. 2.0 (or grpo.max_staleness to 0)",
+        )
+        _require(
+            self.rollout_is_cap is None or self.old_log_probs_from == "policy",
+            "grpo.old_log_probs_from",
+            f"must be policy with grpo.rollout_is_cap {self.rollout_is_cap}: with engine, π_old would equal the "
+            f"engine's μ and the importance weight would always be 1; set it to policy (or grpo.rollout_is_cap to "
+            f"null)",
+        )
+
+
+@dataclass(frozen=True)
+class GRPOCadence(_Group):
+    """When a GRPO run evaluates, checkpoints and keeps its policy."""
+
+    eval_every: int = 10
+    """Steps between validation evaluations (also at the first and the last step)."""
+    eval_examples: int = 500
+    """Validation questions per evaluation."""
+    checkpoint_every: int = 10
+    """Steps between resumable checkpoints."""
+    keep_every: int = 0
+    """Keep the policy every N GRPO steps as a plain HF directory in ``--kept`` (``step_NNNNNN``); 0 = none."""
+
+    def __post_init__(self) -> None:
+        for name in ("eval_every", "eval_examples", "checkpoint_every"):
+            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        _require(self.keep_every >= 0, "grpo.keep_every", f"must be ≥ 0 (0 = off), got {self.keep_every}")
+
+
+@dataclass(frozen=True, init=False)
+class GRPOConfig(_Section):
+    """``grpo``: GRPO with a verifiable reward (handout Algorithm 3 and section 8)."""
+
+    sampling: GRPOSampling = field(default_factory=GRPOSampling)
+    loss: GRPOLoss = field(default_factory=GRPOLoss)
+    optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig("grpo", learning_rate=1e-5, betas=[0.9, 0.95])
+    )
+    batching: GRPOBatching = field(default_factory=GRPOBatching)
+    asynchrony: GRPOAsynchrony = field(default_factory=GRPOAsynchrony)
+    cadence: GRPOCadence = field(default_factory=GRPOCadence)
+    lora: LoRAConfig = field(default_factory=lambda: LoRAConfig("grpo"))
+    n_grpo_steps: int = 200
+    """Rollout-then-train steps."""
+    warmup_steps: int = 0
+    """Optimizer steps warming the learning rate up linearly from peak / warmup_steps to the peak; 0 = none."""
+    precision: Precision = "mixed"
+    """GPU policy precision: ``mixed`` (fp32 master weights and AdamW state, bf16 autocast compute) or ``bf16``
+    (the handout's pure bf16, which rounds most small updates away). The CPU always trains in fp32."""
+    prompt: PromptName = "r1_zero"
+    """Prompt template; each has its own reward function. A chat prompt (``r1_zero_chat``) renders through the
+    tokenizer's chat template."""
+    init_model: Literal["base", "sft", "ei"] = "base"
+    """Model GRPO starts from."""
+    max_consecutive_nonfinite: int = 3
+    """Optimizer steps in a row skipped for a NaN/Inf (advantages, loss, gradients) before the stage stops."""
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+    SECTION = "grpo"
+    KEYS = tuple(
+        (
+            "lora_rank lora_alpha lora_target_modules n_grpo_steps learning_rate lr_schedule warmup_steps "
+            "advantage_eps rollout_batch_size group_size temperature min_tokens max_tokens "
+            "epochs_per_rollout_batch train_batch_size gradient_accumulation_steps microbatch_tokens "
+            "old_log_probs_microbatch_tokens precision loss_type use_std_normalization length_normalization "
+            "cliprange cliprange_high kl_coef kl_estimator dynamic_sampling max_sampling_rounds mask_truncated "
+            "max_grad_norm betas weight_decay prompt init_model old_log_probs_from max_staleness rollout_is_cap "
+            "eval_every eval_examples checkpoint_every keep_every max_consecutive_nonfinite "
+            "gradient_checkpointing seed"
+        ).split()
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("n_grpo_steps", "max_consecutive_nonfinite"):
+            _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        batching, loss_type = self.batching, self.loss.loss_type
+        off_policy = batching.epochs_per_rollout_batch > 1 or batching.train_batch_size < batching.rollout_batch_size
+        with_ratio = " or ".join(loss_types_where(lambda entry: entry.needs_old_log_probs))
+        _require(
+            not off_policy or LOSS_TYPES[loss_type].needs_old_log_probs,
+            "grpo.loss_type",
+            f"{loss_type} has no importance ratio, but grpo.epochs_per_rollout_batch "
+            f"({batching.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({batching.train_batch_size}) < "
+            f"grpo.rollout_batch_size ({batching.rollout_batch_size}) trains later optimizer steps on samples of an "
+            f"older policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
+        )
+        _require(
+            0 <= self.warmup_steps <= self.total_optimizer_steps,
+            "grpo.warmup_steps",
+            f"must be in [0, {self.total_optimizer_steps}] (the run's optimizer steps: grpo.n_grpo_steps × "
+            f"epochs_per_rollout_batch × rollout_batch_size / train_batch_size), got {self.warmup_steps}",
+        )
+
     @property
     def total_optimizer_steps(self) -> int:
         """The run's planned optimizer steps, over which the learning-rate schedule runs."""
-        return self.n_grpo_steps * self.optimizer_steps_per_grpo_step
+        return self.n_grpo_steps * self.batching.optimizer_steps_per_grpo_step
 
 
 @dataclass(frozen=True)
@@ -820,21 +1060,21 @@ def _check_distributed(params: Params) -> None:
         "rollout.layout",
         f"must be colocate (or cpu) with distributed.world_size {world}: each rank holds its own engine",
     )
-    groups = params.distributed.data_parallel_size
+    groups, batching = params.distributed.data_parallel_size, grpo.batching
     _require(
-        grpo.questions_per_step % groups == 0,
+        batching.questions_per_step % groups == 0,
         "grpo.rollout_batch_size",
-        f"({grpo.rollout_batch_size}) must give every one of the {groups} data-parallel groups (distributed."
+        f"({batching.rollout_batch_size}) must give every one of the {groups} data-parallel groups (distributed."
         f"nproc_per_node × nnodes / tensor_parallel_size) the same number of whole groups of responses: questions "
-        f"per step {grpo.questions_per_step} is not divisible by {groups}",
+        f"per step {batching.questions_per_step} is not divisible by {groups}",
     )
     _require(
-        grpo.train_batch_size % world == 0,
+        batching.train_batch_size % world == 0,
         "grpo.train_batch_size",
-        f"({grpo.train_batch_size}) must be divisible by the world size {world} (equal rows per rank)",
+        f"({batching.train_batch_size}) must be divisible by the world size {world} (equal rows per rank)",
     )
     _require(
-        not grpo.dynamic_sampling,
+        not grpo.sampling.dynamic_sampling,
         "grpo.dynamic_sampling",
         f"is single-process only (ranks would keep different numbers of groups); set it to false or "
         f"distributed.nproc_per_node × nnodes to 1 (it is {world})",
@@ -843,7 +1083,7 @@ def _check_distributed(params: Params) -> None:
 
 def _check_async(params: Params) -> None:
     """What ``grpo.max_staleness > 0`` needs: an engine on a device of its own, in a single-process run."""
-    staleness = params.grpo.max_staleness
+    staleness = params.grpo.asynchrony.max_staleness
     if staleness == 0:
         return
     _require(
@@ -865,11 +1105,16 @@ def _check_context_length(params: Params) -> None:
     it and cuts a response short where prompt + response reach it, so every section that samples needs its
     ``max_tokens`` and at least one prompt token; the tiny model's positions must cover it too."""
     limit = params.rollout.max_model_len
-    for section, config in (("eval", params.eval), ("ei", params.ei), ("grpo", params.grpo)):
+    max_tokens = {
+        "eval": params.eval.max_tokens,
+        "ei": params.ei.sampling.max_tokens,
+        "grpo": params.grpo.sampling.max_tokens,
+    }
+    for section, tokens in max_tokens.items():
         _require(
-            limit > config.max_tokens,
+            limit > tokens,
             "rollout.max_model_len",
-            f"({limit}) must exceed {section}.max_tokens ({config.max_tokens}): prompt and response share it",
+            f"({limit}) must exceed {section}.max_tokens ({tokens}): prompt and response share it",
         )
     tiny = params.model.tiny
     _require(
@@ -951,9 +1196,10 @@ def _convert(value: Any, annotation: Any, name: str) -> Any:
 
 
 def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unset fields take their defaults, unknown keys are errors."""
-    hints = typing.get_type_hints(cls)
-    known = sorted(f.name for f in dataclasses.fields(cls))
+    """Build dataclass ``cls`` from a mapping; unset fields take their defaults, unknown keys are errors. A training
+    section's keys are flat: each goes to its group (:class:`_Section`)."""
+    hints = _param_types(cls)
+    known = sorted(hints)
     kwargs = {}
     for key, value in values.items():
         name = f"{prefix}.{key}" if prefix else key

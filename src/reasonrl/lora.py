@@ -13,34 +13,25 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from reasonrl.config import ConfigError
+from reasonrl.config import ConfigError, LoRAConfig
 from reasonrl.distributed import full_tensor
 
 ADAPTER = "default"
 """peft's name for the one adapter a policy carries."""
 
 
-class LoRASettings(Protocol):
-    """The LoRA params of a training section (``sft``, ``ei``, ``grpo``)."""
-
-    lora_rank: int
-    lora_alpha: float
-    lora_target_modules: list[str]
-
-
-def add_lora(policy: torch.nn.Module, settings: LoRASettings) -> torch.nn.Module:
+def add_lora(policy: torch.nn.Module, lora: LoRAConfig) -> torch.nn.Module:
     """Inject rank-``lora_rank`` adapters into ``policy``'s ``lora_target_modules`` in place and freeze every other
     parameter. B starts at zero, so the policy's outputs are unchanged until the first step."""
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(
-        r=settings.lora_rank,
-        lora_alpha=settings.lora_alpha,
-        target_modules=list(settings.lora_target_modules),
+        r=lora.lora_rank,
+        lora_alpha=lora.lora_alpha,
+        target_modules=list(lora.lora_target_modules),
         lora_dropout=0.0,  # the merged weights the engine samples from are exactly the policy that is trained
         bias="none",
     )
@@ -100,15 +91,15 @@ def trainable_parameter_count(policy: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in trainable_parameters(policy))
 
 
-def check_lora_targets(model_dir: str | Path, settings: LoRASettings, section: str) -> None:
+def check_lora_targets(model_dir: str | Path, lora: LoRAConfig, section: str) -> None:
     """Before any model loads: each of ``lora_target_modules`` names a weight matrix of the model in ``model_dir``
     (read from its safetensors headers), or a :class:`ConfigError` names the param and lists the candidates."""
-    if settings.lora_rank == 0:
+    if lora.lora_rank == 0:
         return
     from reasonrl.memory import ModelShape  # the headers are read in one place
 
     modules = ModelShape.from_dir(model_dir).linear_modules
-    missing = sorted(set(settings.lora_target_modules) - modules)
+    missing = sorted(set(lora.lora_target_modules) - modules)
     if missing:
         raise ConfigError(
             f"{section}.lora_target_modules: {', '.join(missing)} name no weight matrix of {model_dir} "

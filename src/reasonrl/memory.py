@@ -35,9 +35,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from reasonrl.config import LAYOUT_GPUS, ConfigError, EngineConfig, Precision
+from reasonrl.config import LAYOUT_GPUS, ConfigError, EngineConfig, GRPOConfig, Precision, SFTOptimization
 from reasonrl.logprobs import CHUNK_LOGITS_BYTES
 
 BUCKET_BYTES = 256 * 2**20
@@ -52,17 +51,6 @@ BYTES_PER_PARAMETER = {"mixed": (4, 4, 8, 2), "bf16": (2, 2, 4, 0)}
 ENGINE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Weights, gradients, AdamW state, and autocast's bf16 copy of the weights, per parameter."""
 MIXED_ACTIVATION_FACTOR = 1.25
-
-
-class TrainingMemorySettings(Protocol):
-    """The params of a training section (``sft``, ``ei``, ``grpo``) that the plan reads."""
-
-    precision: Precision
-    microbatch_size: int
-    microbatch_tokens: int | None
-    gradient_checkpointing: bool
-    lora_rank: int
-    lora_target_modules: list[str]
 
 
 @dataclass(frozen=True)
@@ -243,7 +231,7 @@ def weight_transfer_bytes(shape: ModelShape, engine: EngineConfig, max_staleness
 
 def plan_memory(
     shape: ModelShape,
-    settings: TrainingMemorySettings,
+    settings: SFTOptimization | GRPOConfig,
     engine: EngineConfig,
     device_bytes: int,
     shards: int = 1,
@@ -253,12 +241,13 @@ def plan_memory(
     weights, gradients and AdamW state split in ``shards`` (FSDP2 over that many ranks: one GPU's share), or whole
     beside DDP's buckets (``ddp``)."""
     weight_bytes, gradient_bytes, optimizer_bytes, autocast_bytes = BYTES_PER_PARAMETER[settings.precision]
-    lora = settings.lora_rank > 0
-    adapters = shape.lora_parameters(settings.lora_rank, settings.lora_target_modules) if lora else 0
+    lora = settings.lora.lora_rank > 0
+    adapters = shape.lora_parameters(settings.lora.lora_rank, settings.lora.lora_target_modules) if lora else 0
     trained = adapters if lora else shape.parameters
     # The longest microbatch: the token budget, or the fixed microbatch at the longest sequence the engine allows;
     # a sequence longer than the budget is a microbatch of its own.
-    tokens = max(settings.microbatch_tokens or settings.microbatch_size * engine.max_model_len, engine.max_model_len)
+    batching = settings.batching
+    tokens = max(batching.microbatch_tokens or batching.microbatch_size * engine.max_model_len, engine.max_model_len)
     per_layer = (10 * shape.hidden_size + 4 * shape.intermediate_size) * 2
     if settings.gradient_checkpointing:
         per_token = shape.num_layers * shape.hidden_size * 2 + per_layer  # layer inputs + one layer recomputed
@@ -267,6 +256,8 @@ def plan_memory(
     factor = MIXED_ACTIVATION_FACTOR if settings.precision == "mixed" else 1.0
     engine_share = int(engine.engine_memory_fraction * device_bytes) if engine.layout == "colocate" else 0
     sleeps = engine.layout != "colocate" or engine.enable_sleep
+    # GRPO alone has a KL penalty (a reference model) and an engine in its own process.
+    grpo = settings if isinstance(settings, GRPOConfig) else None
     gathered = 0
     if shards > 1:
         layer_gradient = 0 if lora else gradient_bytes * shape.layer_parameters
@@ -280,7 +271,7 @@ def plan_memory(
         autocast_weights=autocast_bytes * shape.num_layers * shape.layer_parameters,
         # The reference copies the policy's weights, in their dtype; a LoRA policy with its adapters off is the
         # reference: no copy.
-        reference=weight_bytes * shape.parameters if getattr(settings, "kl_coef", 0.0) > 0 and not lora else 0,
+        reference=weight_bytes * shape.parameters if grpo and grpo.loss.kl_coef > 0 and not lora else 0,
         activations=int(tokens * per_token * factor),
         output_layer=output_layer_backward_bytes(shape, settings.precision),
         ddp_buckets=gradient_bytes * trained if ddp else 0,
@@ -288,7 +279,7 @@ def plan_memory(
         engine=engine_share,
         engine_while_training=0 if sleeps else engine_share,
         device=device_bytes,
-        weight_transfer=weight_transfer_bytes(shape, engine, getattr(settings, "max_staleness", 0)),
+        weight_transfer=weight_transfer_bytes(shape, engine, grpo.asynchrony.max_staleness if grpo else 0),
     )
 
 
@@ -351,7 +342,7 @@ def check_gpus(engine: EngineConfig, device_count: int) -> None:
 
 
 def check_gpu_memory(
-    model_dir: str | Path, settings: TrainingMemorySettings, section: str, engine: EngineConfig, shards: int = 1
+    model_dir: str | Path, settings: SFTOptimization | GRPOConfig, section: str, engine: EngineConfig, shards: int = 1
 ) -> str | None:
     """Check the plan on this machine's GPUs before any model loads (``cpu`` layout: nothing to check, ``None``);
     returns the plan's one-line summary. ``shards``: the ranks FSDP2 splits the policy over."""

@@ -7,13 +7,12 @@ so a GRPO checkpoint made from a model stays resumable when only its card differ
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reasonrl.config import Params
+from reasonrl.config import Params, flat_dict
 from reasonrl.markdown import code, md_inline
 from reasonrl.routes import ROUTE, start_model
 
@@ -41,8 +40,8 @@ def changed_params(params: Params, sections: list[str]) -> list[tuple[str, Any, 
     defaults = Params()
     changed = []
     for section in sections:
-        ran = _flatten(dataclasses.asdict(getattr(params, section)), section)
-        default = _flatten(dataclasses.asdict(getattr(defaults, section)), section)
+        ran = _flatten(flat_dict(getattr(params, section)), section)
+        default = _flatten(flat_dict(getattr(defaults, section)), section)
         changed += [(name, value, default[name]) for name, value in ran.items() if value != default[name]]
     return changed
 
