@@ -142,9 +142,12 @@ def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engi
     gaps = column(tmp_path, "train/is_log_prob_gap_max")
     assert gaps[0] < 1e-3 < max(gaps[2:])  # step 0's samples are the current policy's; later ones are stale
 
-    # Step 2's weights, validated afresh by the engine: the run's validation at step 2 answered exactly this.
+    # Step 2's weights, validated afresh by the engine as the run's source has it validate: the run's validation at
+    # step 2 answered exactly this.
     validated = copy.deepcopy(policy)
     validated.load_state_dict(kept[2])
+    source = grpo_rollouts(engine_process, validated, TRAIN, TRAIN[:8], config, EVAL)
+    engine_process.setup(Setup(source.draw, source.check))
     layout = WeightLayout.of(engine_weights(validated, ENGINE.dtype), ENGINE.dtype)
     engine_process.load_weights(engine_weights(validated, ENGINE.dtype), layout, version=2)
     engine_process.request(Validate())
