@@ -50,9 +50,9 @@ import torch
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.engine_process import RolloutProcess, share_cpu_threads
 from reasonrl.grpo import run_grpo
 from reasonrl.models import prepare_base_model
+from reasonrl.rollouts.process import start_engine
 from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
 
@@ -102,21 +102,19 @@ def run_peer(lag: int, model_dir: Path, train: list, config: GRPOConfig, args, w
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     if lag:
         torch.set_num_threads(len(cores))
-        half = share_cpu_threads(engine_config)  # as the grpo stage splits them: half to the engine's process
-        engine = RolloutProcess(model_dir, engine_config, engine_threads=half)
+        engine = start_engine(model_dir, engine_config, max_staleness=lag)  # as the grpo stage starts it
+        half = engine.engine_threads  # half of the threads to the engine's process
         if not args.no_pin:  # the engine's process and the trainer: a core each
             os.sched_setaffinity(engine.pid, cores[:half])
             os.sched_setaffinity(0, cores[half:] or cores)
         config = dataclasses.replace(config, max_staleness=lag, rollout_is_cap=2.0)
     else:
-        from reasonrl.rollout import RolloutEngine
-
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(len(cores))
-        engine = RolloutEngine(model_dir, engine_config)
+        engine = start_engine(model_dir, engine_config)
     live = workdir / f"live_{lag}"
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
-    with contextlib.closing(engine) if lag else contextlib.nullcontext(), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):  # run_grpo's source of rollouts stops the engine's process
         run_grpo(
             policy, tokenizer, engine, train, train[:2], config, EvalConfig(max_tokens=8),
             open_live=lambda resume: open_live(str(live), resume=resume), live_dir=live,

@@ -56,7 +56,7 @@ from transformers import AutoModelForCausalLM
 
 from reasonrl.config import EngineConfig, TinyModelSpec
 from reasonrl.logprobs import get_response_log_probs
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer
 
 LAYOUTS = ("colocate", "split")

@@ -54,14 +54,14 @@ from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resol
 from reasonrl.grpo import (
     NonFiniteGuard,
     accumulate_gradients,
-    draw_rollouts,
     make_optimizer,
     optimizer_step,
     score_rollouts,
 )
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import REWARD_FNS, load_prompt
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.drawing import draw_rollouts
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.sft import load_policy
 
 PROMPT = "r1_zero"

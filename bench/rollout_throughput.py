@@ -34,7 +34,7 @@ from reasonrl.config import DataConfig, EngineConfig, TinyModelSpec
 from reasonrl.data import fetch_verified_gsm8k, parse_lines, resolve_source
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import load_prompt
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 
 
 def parse_args() -> argparse.Namespace:

@@ -10,7 +10,7 @@ from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import evaluate
 from reasonrl.prompts import check_prompt
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.routes import ROUTES, TRAINED_ROUTES, evaluation_prompt, prompt_param, start_model
 
 

@@ -7,10 +7,9 @@ from pathlib import Path
 from reasonrl.atomic import atomic_write_json
 from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
-from reasonrl.config import EngineConfig, load_params
+from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
-from reasonrl.engine_process import RolloutProcess, share_cpu_threads
 from reasonrl.grpo import run_grpo
 from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.model_card import git_commit, render_card
@@ -40,13 +39,11 @@ def main() -> None:
     # for the whole run (its ranks are one holder), and a second run stops here, before it reads or deletes anything.
     with checkpoint_lock(args.checkpoints, kept) if ranks.is_main else contextlib.nullcontext():
         shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
-
-        def engine_process(model_dir: Path, rollout: EngineConfig) -> RolloutProcess:
-            return RolloutProcess(model_dir, rollout, share_cpu_threads(rollout))
-
-        # grpo.max_staleness ≥ 1: the engine in a process of its own, sampling while the policy trains
-        start_engine = engine_process if config.max_staleness else None
-        engine, policy, tokenizer = start_training(start, config, "grpo", params.rollout, ranks, shards, start_engine)
+        # grpo.max_staleness ≥ 1: the engine in a process of its own, sampling while the policy trains; run_grpo's
+        # source of rollouts stops it
+        engine, policy, tokenizer = start_training(
+            start, config, "grpo", params.rollout, ranks, shards, config.max_staleness
+        )
         commit = git_commit()
 
         def keep(step: int, best: BestCheckpoint) -> None:
@@ -55,27 +52,23 @@ def main() -> None:
                 card = render_card(params, "grpo", f"the policy after step {step}", best, "step", data_files, commit)
                 save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
 
-        try:
-            best = run_grpo(
-                policy,
-                tokenizer,
-                engine,
-                train,
-                val,
-                config,
-                params.eval,
-                open_live=lambda resume: open_live(args.live, resume=resume),
-                live_dir=Path(args.live),
-                checkpoint_dir=Path(args.checkpoints),
-                init_model_dir=start,
-                distributed=params.distributed,
-                ranks=ranks,
-                rewards=params.rewards.specs,
-                keep=keep,
-            )
-        finally:
-            if isinstance(engine, RolloutProcess):  # grpo.max_staleness ≥ 1
-                engine.close()
+        best = run_grpo(
+            policy,
+            tokenizer,
+            engine,
+            train,
+            val,
+            config,
+            params.eval,
+            open_live=lambda resume: open_live(args.live, resume=resume),
+            live_dir=Path(args.live),
+            checkpoint_dir=Path(args.checkpoints),
+            init_model_dir=start,
+            distributed=params.distributed,
+            ranks=ranks,
+            rewards=params.rewards.specs,
+            keep=keep,
+        )
         final = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
         if not ranks.is_main:
             return

@@ -26,7 +26,6 @@ from reasonrl.grpo import (
     NonFiniteGuard,
     accumulate_gradients,
     compute_old_log_probs,
-    draw_rollouts,
     make_optimizer,
     optimizer_step,
     rollout_metrics,
@@ -35,7 +34,8 @@ from reasonrl.grpo import (
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.lora import merged_weights
 from reasonrl.prompts import REWARD_FNS
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.drawing import draw_rollouts
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
 

@@ -1,7 +1,7 @@
 """The trainer's side of the fault-injection scenarios of ``tests/test_engine_process.py``, run as a script of its
 own so that the test can kill it: ``python tests/engine_process_scenarios.py PHASE MODEL_DIR``.
 
-It starts a :class:`reasonrl.engine_process.RolloutProcess` and prints a line as it enters each phase, for the test
+It starts a :class:`reasonrl.rollouts.process.RolloutProcess` and prints a line as it enters each phase, for the test
 to time its kill: ``joined`` once the constructor returned, then ``transfer`` (a weight stream the engine takes
 slowly) or ``draw`` (a draw that lasts two minutes). ``start``: the real engine on the tiny model, starting vLLM
 while the trainer sends its first weights. The other phases run the engine's process with a stand-in engine
@@ -20,15 +20,16 @@ import time
 
 import torch
 
-from reasonrl import rollout
 from reasonrl.config import EngineConfig
-from reasonrl.engine_process import Draw, RolloutProcess, Setup, WeightLayout
+from reasonrl.rollouts import engine as engine_module
+from reasonrl.rollouts.channel import WeightLayout
+from reasonrl.rollouts.process import Draw, RolloutProcess, Setup
 
 ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True)
 WEIGHTS = [(f"w{index}", torch.full((65536,), float(index))) for index in range(20)]  # 20 buckets of 256 KiB
 
 
-class StandInEngine(rollout.RolloutEngine):
+class StandInEngine(engine_module.RolloutEngine):
     """What the engine's process needs of an engine, without vLLM; it takes a weight stream at 4 tensors a second."""
 
     def __init__(self, model_dir, config) -> None:
@@ -41,7 +42,7 @@ class StandInEngine(rollout.RolloutEngine):
 
 # In this process and in the engine's, which imports this module again (spawn) before it starts its engine.
 if os.environ.get("SCENARIO_STAND_IN") == "1":
-    rollout.RolloutEngine = StandInEngine
+    engine_module.RolloutEngine = StandInEngine
 
 
 def slow_draw(engine, step_seed: int):
@@ -70,8 +71,9 @@ def handoff() -> None:
 
 
 def lag(max_staleness: int, steps: int = 14, warmup: int = 2) -> None:
-    """``reasonrl.grpo.LaggedRollouts``'s requests (after each step the new weights, then the draw ``max_staleness``
-    steps ahead), the engine's work and the trainer's alternately faster and slower than each other."""
+    """``reasonrl.rollouts.sources.LaggedRollouts``'s requests (after each step the new weights, then the draw
+    ``max_staleness`` steps ahead), the engine's work and the trainer's alternately faster and slower than each
+    other."""
     layout = WeightLayout.of(WEIGHTS, "float32", bucket_bytes=65536 * 4)
     with RolloutProcess("unused", ENGINE) as process:
         process.setup(Setup(uneven_draw, uneven_draw))
@@ -99,7 +101,7 @@ def main(phase: str, model_dir: str) -> None:
     with RolloutProcess(model_dir, ENGINE, engine_threads=1) as process:
         print("joined", flush=True)
         if phase == "start":
-            from reasonrl.rollout import engine_weights
+            from reasonrl.rollouts.engine import engine_weights
             from reasonrl.sft import load_policy
 
             policy, _ = load_policy(model_dir, torch.device("cpu"))

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,26 +16,26 @@ from reasonrl.batching import chunks
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
 from reasonrl.data import parse_lines
-from reasonrl.engine_process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated, WeightLayout
 from reasonrl.grpo import (
-    DrawnRollouts,
-    LaggedRollouts,
     NonFiniteGuard,
-    StepRollouts,
     accumulate_gradients,
     compute_old_log_probs,
-    draw_rollouts,
+    grpo_rollouts,
     make_optimizer,
     optimizer_step,
     run_grpo,
     scheduled_learning_rate,
     score_rollouts,
     set_learning_rate,
-    step_seed,
 )
 from reasonrl.logprobs import compute_entropy
 from reasonrl.losses import masked_mean
-from reasonrl.rollout import RolloutEngine, engine_weights
+from reasonrl.rollouts.channel import WeightLayout
+from reasonrl.rollouts.drawing import draw_rollouts, step_seed
+from reasonrl.rollouts.engine import RolloutEngine, engine_weights
+from reasonrl.rollouts.process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated
+from reasonrl.rollouts.sources import LaggedRollouts
+from reasonrl.rollouts.types import DrawnRollouts, StepRollouts
 from reasonrl.sft import load_policy, validate
 from reasonrl.synthetic import arithmetic_lines
 
@@ -126,21 +127,27 @@ def column(work, name: str) -> list[float]:
 def test_every_step_trains_on_samples_of_the_policy_exactly_lag_steps_older(engine_process, tiny_model_dir, tmp_path):
     """Lag 2: steps 0, 1, 2 train on the initial weights' samples, step s ≥ 2 on step s − 2's; the engine draws
     ahead while the policy trains. The correction's figures are logged every step, and the validation at step 2
-    is that of step 2's own weights, whatever the engine had in flight then. ``min_tokens: 0``: over the first
-    ``min_tokens`` tokens μ is of the distribution without EOS, a gap of its own (3e-3 for this model)."""
+    is that of step 2's own weights, whatever the engine had in flight then (validated afresh by another engine
+    process: the loop's source stops the one it drew from). ``min_tokens: 0``: over the first ``min_tokens`` tokens
+    μ is of the distribution without EOS, a gap of its own (3e-3 for this model)."""
     config = dataclasses.replace(CONFIG, max_staleness=2, rollout_is_cap=2.0, min_tokens=0)
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     kept = {}
-    run(engine_process, policy, tokenizer, tiny_model_dir, tmp_path, config, kept)
+    process = RolloutProcess(tiny_model_dir, ENGINE, engine_threads=1)
+    run(process, policy, tokenizer, tiny_model_dir, tmp_path, config, kept)
+    assert not Path(f"/proc/{process.pid}").exists()  # stopped (and reaped) when the loop ended
     assert column(tmp_path, "rollout/policy_lag") == [0, 1, 2, 2, 2]
     for name in ("is_log_prob_gap_mean", "is_log_prob_gap_max", "is_weight_mean", "is_truncated_fraction"):
         assert len(column(tmp_path, f"train/{name}")) == 5
     gaps = column(tmp_path, "train/is_log_prob_gap_max")
     assert gaps[0] < 1e-3 < max(gaps[2:])  # step 0's samples are the current policy's; later ones are stale
 
-    # Step 2's weights, validated afresh by the engine: the run's validation at step 2 answered exactly this.
+    # Step 2's weights, validated afresh by the engine as the run's source has it validate: the run's validation at
+    # step 2 answered exactly this.
     validated = copy.deepcopy(policy)
     validated.load_state_dict(kept[2])
+    source = grpo_rollouts(engine_process, validated, TRAIN, TRAIN[:8], config, EVAL)
+    engine_process.setup(Setup(source.draw, source.check))
     layout = WeightLayout.of(engine_weights(validated, ENGINE.dtype), ENGINE.dtype)
     engine_process.load_weights(engine_weights(validated, ENGINE.dtype), layout, version=2)
     engine_process.request(Validate())
@@ -164,7 +171,7 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     reference = copy.deepcopy(expected).eval().requires_grad_(False)
     optimizer, guard = make_optimizer(expected, CONFIG), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
     for step in range(CONFIG.n_grpo_steps):
-        seed = step_seed(CONFIG, step)
+        seed = step_seed(CONFIG.seed, step)
         with engine.serving(expected):
             drawn = draw_rollouts(engine, TRAIN, CONFIG, EVAL.stop, seed)
         batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
@@ -199,7 +206,7 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     policy, tokenizer = perturbed_policy(tiny_model_dir, seed=1)
     config = dataclasses.replace(CONFIG, temperature=temperature, min_tokens=0, rollout_is_cap=2.0)
     with engine.serving(policy):
-        drawn = draw_rollouts(engine, TRAIN, config, EVAL.stop, step_seed(config, 0))
+        drawn = draw_rollouts(engine, TRAIN, config, EVAL.stop, step_seed(config.seed, 0))
     batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
     mask = batch.response_mask
     assert mask.sum() > 16
@@ -240,7 +247,8 @@ def test_validations_and_checkpoints_wait_for_no_draw_requested_after_them(engin
     and leaves step 2's, drawn by its own weights, to request: its draw goes on after the checkpoint."""
     config = dataclasses.replace(CONFIG, n_grpo_steps=3, max_staleness=1, rollout_is_cap=2.0)
     policy, _ = load_policy(tiny_model_dir, torch.device("cpu"))
-    rollouts = LaggedRollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
+    rollouts = grpo_rollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
+    assert isinstance(rollouts, LaggedRollouts)
     replies = recorded_replies(engine_process, monkeypatch)
     rollouts.start(0, [])
     rollouts.validate(0)
@@ -262,7 +270,7 @@ def test_rollouts_neither_held_nor_requested_fail_at_once(engine_process, tiny_m
     is refused at once instead of waiting for the engine forever."""
     config = dataclasses.replace(CONFIG, n_grpo_steps=7, eval_every=100, max_staleness=2, rollout_is_cap=2.0)
     policy, _ = load_policy(tiny_model_dir, torch.device("cpu"))
-    rollouts = LaggedRollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
+    rollouts = grpo_rollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
     nothing = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[])
     rollouts.start(4, [StepRollouts(4, 2, nothing), StepRollouts(6, 4, nothing)])  # requests no draw: 6 is held
     assert rollouts.batch(4).version == 2

@@ -9,9 +9,10 @@ import pytest
 from reasonrl.config import EngineConfig, GRPOConfig
 from reasonrl.data import parse_lines
 from reasonrl.distributed import SINGLE
-from reasonrl.grpo import draw_rollouts, rollout_metrics
+from reasonrl.grpo import rollout_metrics
 from reasonrl.prompts import REWARD_FNS
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.drawing import draw_rollouts
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.synthetic import arithmetic_lines
 
 pytestmark = pytest.mark.slow

@@ -114,7 +114,7 @@ def test_killing_the_engine_ends_the_trainer_with_one_line_naming_it(phase, tiny
         last = trainer.process.stderr.read().strip().splitlines()[-1]
         assert trainer.process.returncode != 0
         assert re.fullmatch(
-            rf"reasonrl\.engine_process\.EngineProcessError: the rollout engine's process \(PID {engine}\) died "
+            rf"reasonrl\.rollouts\.process\.EngineProcessError: the rollout engine's process \(PID {engine}\) died "
             r"\(killed by SIGKILL\) while .+",
             last,
         ), last

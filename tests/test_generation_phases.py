@@ -17,7 +17,7 @@ from reasonrl.data import parse_lines
 from reasonrl.expert_iteration import run_expert_iteration
 from reasonrl.grpo import run_grpo
 from reasonrl.prompts import load_prompt
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.sft import Pair, load_policy, run_sft
 from reasonrl.synthetic import arithmetic_lines
 

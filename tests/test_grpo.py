@@ -18,7 +18,6 @@ from reasonrl.distributed import SINGLE, Mean
 from reasonrl.errors import UserError
 from reasonrl.grpo import (
     GRPO_STAGE,
-    DrawnRollouts,
     NonFiniteError,
     NonFiniteGuard,
     RolloutBatch,
@@ -33,7 +32,7 @@ from reasonrl.grpo import (
     step_progress,
 )
 from reasonrl.prompts import REWARD_FNS
-from reasonrl.rollout import Sample
+from reasonrl.rollouts.types import DrawnRollouts, Sample
 from reasonrl.sft import BestCheckpoint
 from reasonrl.tokenization import batch_from_token_ids
 

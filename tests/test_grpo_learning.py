@@ -16,7 +16,7 @@ from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, SFTConfig, Tin
 from reasonrl.data import parse_lines
 from reasonrl.grpo import run_grpo
 from reasonrl.models import tokenizer_corpus
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.sft import Pair, load_policy, make_optimizer, save_policy, sft_steps
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer

@@ -22,18 +22,12 @@ from transformers import AutoModelForCausalLM
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.grpo import (
-    StepRollouts,
-    TrainingState,
-    draw_rollouts,
-    in_flight_versions,
-    resume,
-    run_grpo,
-    save_checkpoint,
-    step_seed,
-)
+from reasonrl.grpo import TrainingState, resume, run_grpo, save_checkpoint
 from reasonrl.presets import apply_to_file, load_preset
-from reasonrl.rollout import RolloutEngine
+from reasonrl.rollouts.drawing import draw_rollouts, step_seed
+from reasonrl.rollouts.engine import RolloutEngine
+from reasonrl.rollouts.sources import in_flight_versions
+from reasonrl.rollouts.types import StepRollouts
 from reasonrl.sft import BestCheckpoint, load_policy
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model
@@ -273,13 +267,13 @@ def drawn(engine):
     """A step's rollouts, drawn by the engine, with the engine's log-probs: what a checkpoint holds in flight."""
     train = parse_lines(arithmetic_lines(16, 0, 1, 9), "train")
     with engine.serving():
-        return draw_rollouts(engine, train, ASYNC, EvalConfig().stop, step_seed(ASYNC, 0))
+        return draw_rollouts(engine, train, ASYNC, EvalConfig().stop, step_seed(ASYNC.seed, 0))
 
 
 def checkpoint_in_flight(policy, directory: Path, step: int, drawn, versions: dict[int, int] | None = None) -> Path:
     """The checkpoint an asynchronous run of ``ASYNC`` writes after ``step`` steps, holding ``drawn`` as the
     rollouts of the steps ``versions`` maps to older policy versions (by default the ones it needs)."""
-    versions = in_flight_versions(ASYNC, step) if versions is None else versions
+    versions = in_flight_versions(step, ASYNC.max_staleness, ASYNC.n_grpo_steps) if versions is None else versions
     state = TrainingState(
         step=step,
         in_flight=[StepRollouts(later, version, drawn, 0.5) for later, version in versions.items() if version < step],

@@ -135,7 +135,7 @@ def test_the_memory_plan_counts_gradients_and_adamw_for_the_adapters_only(tiny_m
 def test_the_engine_samples_the_merged_model_after_a_lora_step(tiny_model_dir, tiny_tokenizer):
     """What vLLM generates after a weight load from a LoRA policy is HF's greedy decoding of the merged model, token
     for token: the engine needs no LoRA support."""
-    from reasonrl.rollout import RolloutEngine
+    from reasonrl.rollouts.engine import RolloutEngine
 
     engine = RolloutEngine(
         tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)

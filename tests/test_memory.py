@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM
 
 from reasonrl import memory
 from reasonrl.config import ConfigError, EngineConfig, GRPOConfig, Params, from_dict, parse_yaml
-from reasonrl.engine_process import WeightLayout, pack
 from reasonrl.logprobs import _ChunkedLinearLogProbs
 from reasonrl.memory import (
     GIB,
@@ -21,6 +20,7 @@ from reasonrl.memory import (
     plan_memory,
     weight_transfer_bytes,
 )
+from reasonrl.rollouts.channel import WeightLayout, pack
 
 # Qwen2.5-Math-1.5B: hidden 1536, 28 layers, MLP 8960, vocabulary 151,936 with tied embeddings, 12 heads and 2 KV
 # heads of 128. A decoder layer: q and o 1536 × 1536 (q with a bias of 1536), k and v 256 × 1536 (biases of 256),
@@ -228,7 +228,7 @@ def test_the_weight_hand_off_to_the_engines_process_is_in_the_plan(full_scale):
 
 @pytest.mark.parametrize("staged", [False, True])
 def test_the_weight_hand_off_measured_on_cpu_is_the_plans(staged, monkeypatch):
-    """``reasonrl.engine_process.pack`` on float32 weights cast to bfloat16 as ``engine_weights`` casts them, the
+    """``reasonrl.rollouts.channel.pack`` on float32 weights cast to bfloat16 as ``engine_weights`` casts them, the
     embedding larger than a bucket: streamed, its peak beyond the weights is the plan's packing (the embedding's
     bucket beside its cast copy); packed aside (``staged``), the bf16 weights with the tied output layer."""
     vocab, hidden, bucket = 4096, 64, 64 * 2**10

@@ -140,7 +140,7 @@ def test_params_with_markup_stay_text_in_the_card(tmp_path):
 
 @pytest.mark.slow
 def test_vllm_loads_a_model_directory_with_a_card(tiny_model, tiny_tokenizer, tmp_path):
-    from reasonrl.rollout import RolloutEngine
+    from reasonrl.rollouts.engine import RolloutEngine
 
     out = tmp_path / "model"
     save_policy(

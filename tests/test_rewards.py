@@ -21,7 +21,7 @@ from reasonrl.pipeline import CODE_FROM_TREE, read_pipeline
 from reasonrl.presets import apply_to_file
 from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
 from reasonrl.rewards import RewardError, RewardSpecError, check_reward, prompt_reward, reward_fn
-from reasonrl.rollout import Sample
+from reasonrl.rollouts.types import Sample
 from reasonrl.sft import Pair
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ from reasonrl.config import ConfigError, EngineConfig
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.memory import check_gpus
 from reasonrl.prompts import load_prompt
-from reasonrl.rollout import _UNDERSTOOD_WARNINGS, RELOAD_LOGGER, RolloutEngine, Sample, _quiet_understood_warnings
+from reasonrl.rollouts.engine import _UNDERSTOOD_WARNINGS, RELOAD_LOGGER, RolloutEngine, _quiet_understood_warnings
+from reasonrl.rollouts.types import Sample
 
 # Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
 PROMPTS = [

@@ -9,7 +9,7 @@ from reasonrl.config import EIConfig, SFTConfig
 from reasonrl.data import GSM8KExample
 from reasonrl.expert_iteration import correct_pairs
 from reasonrl.grading import r1_zero_reward_fn
-from reasonrl.rollout import Sample
+from reasonrl.rollouts.types import Sample
 from reasonrl.sft import Pair, make_optimizer, sft_steps
 
 PAIRS = [

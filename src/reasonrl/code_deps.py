@@ -16,6 +16,7 @@ does)::
 
     python -m reasonrl.code_deps stages/grpo.py reasonrl.launch    # the script, then each module run with -m
     python -m reasonrl.code_deps --check                            # exit 1 naming each stage that differs
+    python -m reasonrl.code_deps --write                            # rewrite the stages that differ, in place
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import yaml
+
+from reasonrl.atomic import atomic_write_text
 
 SOURCE = Path(__file__).resolve().parents[1]
 """The directory that holds the ``reasonrl`` package the running process imported: a stage's own ``src/`` (its
@@ -174,6 +177,25 @@ def stale_stages(dvc_yaml: Path, source: Path = SOURCE) -> dict[str, list[str]]:
     return stale
 
 
+def rewrite_code_deps(dvc_yaml: Path, source: Path = SOURCE) -> list[str]:
+    """Rewrite each stale stage's code deps in ``dvc_yaml`` in place (where its first code dep stands; comments and
+    the other deps stay as they are); returns the stages rewritten."""
+    stale = stale_stages(dvc_yaml, source)
+    lines = Path(dvc_yaml).read_text(encoding="utf-8").splitlines(keepends=True)
+    stage, out = None, []
+    for line in lines:
+        if line.startswith("  ") and not line.startswith("   ") and line.rstrip().endswith(":"):
+            stage = line.strip().removesuffix(":")
+        item = line.strip().removeprefix("- ") if line.lstrip().startswith("- ") else None
+        if stage in stale and item is not None and listed_code_deps([item]):
+            out.append(yaml_lines(stale[stage]) if stale[stage] else "")
+            stale[stage] = []  # written once, where the first code dep stood
+            continue
+        out.append(line)
+    atomic_write_text(dvc_yaml, "".join(out))
+    return [name for name, deps in stale.items() if not deps]
+
+
 def yaml_lines(deps: Iterable[str]) -> str:
     """Deps as dvc.yaml's list lines."""
     return "".join(f"      - {dep}\n" for dep in deps)
@@ -199,7 +221,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="DVC_YAML",
         help="instead, check each stage of DVC_YAML (dvc.yaml); exit 1 with the lines of each stage that differs",
     )
+    parser.add_argument(
+        "--write",
+        type=Path,
+        nargs="?",
+        const=Path("dvc.yaml"),
+        metavar="DVC_YAML",
+        help="instead, rewrite the code deps of each stage of DVC_YAML (dvc.yaml) that differs, in place",
+    )
     args = parser.parse_args(argv)
+    if args.write is not None:
+        for name in rewrite_code_deps(args.write):
+            print(f"{args.write}: rewrote stage {name}'s code deps")
+        return
     if args.check is None:
         if not args.entries:
             parser.error("give a stage's scripts and modules, or --check")

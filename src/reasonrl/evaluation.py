@@ -24,7 +24,7 @@ from reasonrl.statistics import (
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
-    from reasonrl.rollout import RolloutEngine
+    from reasonrl.rollouts.engine import RolloutEngine
 
 
 @dataclass(frozen=True)

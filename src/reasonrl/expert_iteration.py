@@ -19,6 +19,7 @@ from reasonrl.data import examples_digest
 from reasonrl.models import model_digest
 from reasonrl.prompts import RewardFn, load_prompt
 from reasonrl.rewards import prompt_reward, reward_identity
+from reasonrl.rollouts.drawing import sample_groups, step_seed
 from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
     from reasonrl.config import EIConfig, EngineConfig, EvalConfig
     from reasonrl.data import GSM8KExample
-    from reasonrl.rollout import RolloutEngine, Sample
+    from reasonrl.rollouts.engine import RolloutEngine
+    from reasonrl.rollouts.types import Sample
 
 
 def correct_pairs(
@@ -151,15 +153,8 @@ def run_expert_iteration(
             questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
             prompts = [prompt.render(example.question, tokenizer) for example in questions]
             with engine.serving(policy):
-                samples = engine.generate(
-                    prompts,
-                    n=config.num_rollouts,
-                    temperature=config.temperature,
-                    min_tokens=config.min_tokens,
-                    max_tokens=config.max_tokens,
-                    stop=eval_config.stop,
-                    seed=config.seed * 1_000_003 + round_index,
-                )
+                seed = step_seed(config.seed, round_index)
+                samples = sample_groups(engine, prompts, config.num_rollouts, config, eval_config.stop, seed)
             kept, solved = correct_pairs(questions, prompts, samples, reward_fn)
             lengths = [sample.length for group in samples for sample in group]
             live.log_metric("rollout/questions_with_correct", solved)

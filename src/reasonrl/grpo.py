@@ -51,7 +51,6 @@ from reasonrl.distributed import (
     training_state,
     wrap_for_training,
 )
-from reasonrl.engine_process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated, WeightLayout
 from reasonrl.errors import UserError
 from reasonrl.lora import adapters_disabled, trainable_parameters
 from reasonrl.loss_registry import LOSS_TYPES
@@ -62,9 +61,10 @@ from reasonrl.losses import (
     rollout_importance_weights,
 )
 from reasonrl.models import compute_precision, model_digest
-from reasonrl.prompts import load_prompt
 from reasonrl.rewards import prompt_reward, reward_identity
-from reasonrl.rollout import engine_weights
+from reasonrl.rollouts.drawing import draw_rollouts, step_seed, wants_engine_log_probs
+from reasonrl.rollouts.sources import in_flight_versions, open_rollouts
+from reasonrl.rollouts.types import StepRollouts
 from reasonrl.schedules import learning_rate_factor
 from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
@@ -75,8 +75,10 @@ if TYPE_CHECKING:
 
     from reasonrl.config import DistributedConfig, EngineConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
-    from reasonrl.evaluation import EvalResult
-    from reasonrl.rollout import RolloutEngine, Sample
+    from reasonrl.rollouts.engine import RolloutEngine
+    from reasonrl.rollouts.process import RolloutProcess
+    from reasonrl.rollouts.sources import RolloutSource
+    from reasonrl.rollouts.types import DrawnRollouts, Sample
 
 EXAMPLES_PER_EVAL = 4
 
@@ -128,110 +130,6 @@ class RolloutBatch:
     """Training tokens per row (prompt and response, up to the last response label): what a microbatch pads to."""
     truncated: torch.Tensor  # [N] bool
     """Responses cut at ``max_tokens`` (neither EOS nor a stop string ended them)."""
-
-
-def wants_engine_log_probs(config: GRPOConfig) -> bool:
-    """Whether the engine returns the sampled tokens' log-probs (μ): as π_old (``old_log_probs_from: engine``), or
-    for the importance weight π_old / μ (``rollout_is_cap``)."""
-    return config.old_log_probs_from == "engine" or config.rollout_is_cap is not None
-
-
-def sample_rollouts(
-    engine: RolloutEngine, questions: list[GSM8KExample], config: GRPOConfig, stop: list[str], seed: int
-) -> tuple[list[str], list[Sample]]:
-    """The prompts, and ``group_size`` samples per question, flattened group after group."""
-    prompt, tokenizer = load_prompt(config.prompt), engine.tokenizer()
-    prompts = [prompt.render(example.question, tokenizer) for example in questions]
-    groups = engine.generate(
-        prompts,
-        n=config.group_size,
-        temperature=config.temperature,
-        min_tokens=config.min_tokens,
-        max_tokens=config.max_tokens,
-        stop=stop,
-        seed=seed,
-        return_logprobs=wants_engine_log_probs(config),
-    )
-    return prompts, [sample for group in groups for sample in group]
-
-
-@dataclass
-class DrawnRollouts:
-    """The questions a step trains on, their prompts and their groups of samples (flattened group after group)."""
-
-    questions: list[GSM8KExample]
-    prompts: list[str]
-    samples: list[Sample]
-    sampled_questions: list[GSM8KExample]
-    sampled_samples: list[Sample]
-    """Every group the step sampled, kept or dropped, in every round (the trained ones without dynamic sampling):
-    what the step's rollout metrics describe."""
-    sampling_rounds: int = 1
-    dropped_groups: int = 0
-
-
-def draw_rollouts(
-    engine: RolloutEngine,
-    train: list[GSM8KExample],
-    config: GRPOConfig,
-    stop: list[str],
-    step_seed: int,
-    ranks: Ranks = SINGLE,
-    rewards: Mapping[str, str] | None = None,
-) -> DrawnRollouts:
-    """``questions_per_step`` questions drawn with ``step_seed``, and a group of samples for each: of this rank's
-    data-parallel group's share of them, with the group's own sampling seed (the draw is the same on every rank, so
-    the shares together are the questions one process would train on; each group of responses stays on one rank, or
-    one tensor-parallel group, with its advantages).
-
-    With ``dynamic_sampling`` (DAPO, arXiv:2503.14476) a group whose rewards are all equal, which has no advantage
-    to learn from, is dropped, and up to ``max_sampling_rounds`` rounds draw further questions (not drawn before in
-    this step) until the step has ``questions_per_step`` groups with signal. Short of that at the cap, the step
-    trains on the groups it has, and says so (its last optimizer step at a learning rate scaled by its share of a
-    train batch); with none at all it keeps the first round's groups, whose zero advantages make no update (see
-    :func:`has_learning_signal`).
-    Every draw and seed is a function of ``step_seed``: a resumed run replays it. ``rewards[config.prompt]`` grades
-    the groups (None: the prompt's built-in).
-    """
-    wanted = min(config.questions_per_step, len(train))
-    questions = ranks.share(random.Random(step_seed).sample(train, wanted))
-    sampling_seed = step_seed * ranks.data_parallel_size + ranks.data_parallel_rank
-    prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
-    drawn = DrawnRollouts(questions, prompts, samples, sampled_questions=questions, sampled_samples=samples)
-    if not config.dynamic_sampling:
-        return drawn
-    reward_fn, group = prompt_reward(config.prompt, rewards), config.group_size
-    kept = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[], sampling_rounds=0)
-    used = set()
-    while True:
-        kept.sampling_rounds += 1
-        used.update(id(question) for question in questions)
-        kept.sampled_questions.extend(questions)
-        kept.sampled_samples.extend(samples)
-        for index, (question, prompt) in enumerate(zip(questions, prompts, strict=True)):
-            samples_of_question = samples[index * group : (index + 1) * group]
-            rewards = {reward_fn(sample.text, question.answer)["reward"] for sample in samples_of_question}
-            if len(rewards) == 1 or len(kept.questions) == wanted:
-                kept.dropped_groups += len(rewards) == 1
-                continue
-            kept.questions.append(question)
-            kept.prompts.append(prompt)
-            kept.samples.extend(samples_of_question)
-        pool = [question for question in train if id(question) not in used]
-        if len(kept.questions) == wanted or kept.sampling_rounds == config.max_sampling_rounds or not pool:
-            break
-        round_seed = step_seed * 1000 + kept.sampling_rounds
-        questions = random.Random(round_seed).sample(pool, min(wanted, len(pool)))
-        prompts, samples = sample_rollouts(engine, questions, config, stop, round_seed)
-    if len(kept.questions) < wanted:
-        fallback = "" if kept.questions else "; none has reward variance (no update from its advantages)"
-        tqdm.write(
-            f"GRPO: dynamic sampling found {len(kept.questions)} of {wanted} groups with reward variance in "
-            f"{kept.sampling_rounds} rounds (grpo.max_sampling_rounds){fallback}"
-        )
-    if not kept.questions:
-        return dataclasses.replace(kept, questions=drawn.questions, prompts=drawn.prompts, samples=drawn.samples)
-    return kept
 
 
 def score_rollouts(
@@ -323,178 +221,35 @@ def sample_metrics(
 
 
 # ---------------------------------------------------------------------------------------------------- rollout sources
-def step_seed(config: GRPOConfig, step: int) -> int:
-    """GRPO step ``step``'s seed: a pure function of (seed, step), so a resumed run replays every draw exactly."""
-    return config.seed * 1_000_003 + step
-
-
-def policy_version(config: GRPOConfig, step: int) -> int:
-    """The policy version that samples step ``step``'s rollouts: the weights after step − ``max_staleness`` (the
-    initial weights below it)."""
-    return max(0, step - config.max_staleness)
-
-
-def in_flight_versions(config: GRPOConfig, step: int) -> dict[int, int]:
-    """The steps whose rollouts are requested once the policy holds the weights after ``step`` GRPO steps and none
-    of them has been trained on yet (``step`` … ``step + max_staleness``, up to the last step), each with the policy
-    version that draws it; none with ``max_staleness: 0``."""
-    if config.max_staleness == 0:
-        return {}
-    last = min(step + config.max_staleness, config.n_grpo_steps - 1)
-    return {later: policy_version(config, later) for later in range(step, last + 1)}
-
-
 def is_eval_step(config: GRPOConfig, step: int) -> bool:
     """Whether the loop validates the policy after ``step`` GRPO steps: every ``eval_every`` steps, and at the end."""
     return step % config.eval_every == 0 or step == config.n_grpo_steps
 
 
-@dataclass
-class StepRollouts:
-    """The rollouts GRPO step ``step`` trains on, and the policy version that sampled them: the weights after
-    ``version`` GRPO steps."""
-
-    step: int
-    version: int
-    drawn: DrawnRollouts
-    engine_seconds: float | None = None
-    """The engine's own time on them, when it ran beside the trainer."""
-
-    @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> StepRollouts:
-        """As ``dataclasses.asdict`` wrote them; anything else raises (KeyError, TypeError, ValueError, ...)."""
-        from reasonrl.data import GSM8KExample
-        from reasonrl.rollout import Sample
-
-        drawn = dict(saved["drawn"])
-        for name in ("questions", "sampled_questions"):
-            drawn[name] = [GSM8KExample(**question) for question in drawn[name]]
-        for name in ("samples", "sampled_samples"):
-            drawn[name] = [Sample(**sample) for sample in drawn[name]]
-        return cls(saved["step"], saved["version"], DrawnRollouts(**drawn), saved["engine_seconds"])
-
-
-class SynchronousRollouts:
-    """``max_staleness: 0``: each step's rollouts are sampled by the engine of this process, loaded with the policy
-    as it is, then trained on; the engine and the policy take turns."""
-
-    def __init__(
-        self,
-        engine: RolloutEngine | RolloutProcess,
-        policy: PreTrainedModel,
-        train: list[GSM8KExample],
-        val: list[GSM8KExample],
-        config: GRPOConfig,
-        eval_config: EvalConfig,
-        ranks: Ranks = SINGLE,
-        rewards: Mapping[str, str] | None = None,
-    ) -> None:
-        self.engine, self.policy, self.config = engine, policy, config
-        # What the engine does for a step and for a validation, whichever process it runs in.
-        self.draw = functools.partial(
-            draw_rollouts, train=train, config=config, stop=eval_config.stop, ranks=ranks, rewards=rewards
-        )
-        self.check = functools.partial(
-            validate, val=val, eval_config=eval_config, num_examples=config.eval_examples, prompt_name=config.prompt,
-            seed=config.seed, ranks=ranks, rewards=rewards,
-        )  # fmt: skip
-        self.sync_seconds = 0.0  # the trainer's time on its last hand-off of weights to the engine
-
-    def start(self, step: int, in_flight: list[StepRollouts]) -> None:
-        """Begin at GRPO step ``step`` (0, or a resumed run's), with the rollouts a checkpoint held in flight."""
-
-    def batch(self, step: int) -> StepRollouts:
-        serving = self.engine.serving(self.policy)
-        started = time.perf_counter()
-        with serving:  # entered: the engine woken and loaded with the policy's weights
-            self.sync_seconds = time.perf_counter() - started
-            drawn = self.draw(self.engine, step_seed=step_seed(self.config, step))
-        return StepRollouts(step, step, drawn)
-
-    def validate(self, step: int) -> EvalResult:
-        """The policy as it is now, after ``step`` GRPO steps, on ``eval_examples`` validation questions."""
-        return self.check(self.engine, self.policy)
-
-    def advance(self, step: int) -> None:
-        """The policy now holds the weights after ``step`` GRPO steps."""
-
-    def in_flight(self, step: int) -> tuple[list[StepRollouts], list[int]]:
-        """For a checkpoint after ``step`` GRPO steps: the rollouts drawn for later steps by older weights (waiting
-        for those being drawn), and the later steps that the weights of ``step`` draw (see
-        :meth:`LaggedRollouts.in_flight`)."""
-        return [], []
-
-
-class LaggedRollouts(SynchronousRollouts):
-    """``max_staleness: k`` ≥ 1: the engine's own process (:class:`reasonrl.engine_process.RolloutProcess`) samples
-    step s's rollouts with the weights after step max(0, s − k), exactly, while the policy trains the steps before
-    s. After each step the new weights stream to the engine and step s + k + 1 is requested: the engine works k
-    steps ahead, in request order, so what it samples never depends on timing. A validation is requested right
-    after the weights of the step it reports, ahead of the draw those weights make: it sees exactly that policy, and
-    its reply waits for no rollouts the trainer does not already need."""
-
-    def start(self, step: int, in_flight: list[StepRollouts]) -> None:
-        self.lag, self.pending = self.config.max_staleness, {rollouts.step: rollouts for rollouts in in_flight}
-        self.requested, self.awaited = max(self.pending, default=step - 1), set()
-        self.validations, self.validated = set(), {}
-        self.layout = WeightLayout.of(engine_weights(self.policy, self.engine.config.dtype), self.engine.config.dtype)
-        self.engine.setup(Setup(self.draw, self.check))
-        self.advance(step)
-
-    def advance(self, step: int) -> None:
-        started = time.perf_counter()
-        self.engine.load_weights(engine_weights(self.policy, self.layout.dtype), self.layout, step)
-        self.sync_seconds = time.perf_counter() - started
-        if is_eval_step(self.config, step):
-            self.engine.request(Validate())
-            self.validations.add(step)
-        for later in in_flight_versions(self.config, step):
-            if later <= self.requested:
-                continue
-            self.engine.request(Draw(later, step_seed(self.config, later)))
-            self.requested = later
-            self.awaited.add(later)
-
-    def _next_reply(self) -> Drawn | Validated:
-        reply = self.engine.reply()
-        if isinstance(reply, Drawn):
-            self.awaited.remove(reply.step)
-            self.pending[reply.step] = StepRollouts(reply.step, reply.version, reply.rollouts, reply.seconds)
-        else:
-            self.validations.remove(reply.version)
-            self.validated[reply.version] = reply.result
-        return reply
-
-    def _drawn(self, step: int) -> StepRollouts:
-        """Step ``step``'s rollouts, waiting for them if they are being drawn; never for a step not requested."""
-        if step not in self.pending and step not in self.awaited:
-            raise RuntimeError(f"the rollouts of GRPO step {step} were neither held nor requested")
-        while step not in self.pending:
-            self._next_reply()
-        return self.pending[step]
-
-    def batch(self, step: int) -> StepRollouts:
-        rollouts = self._drawn(step)
-        del self.pending[step]
-        if rollouts.version != policy_version(self.config, step):
-            raise RuntimeError(f"step {step} got rollouts of policy version {rollouts.version}, not step − {self.lag}")
-        return rollouts
-
-    def validate(self, step: int) -> EvalResult:
-        if step not in self.validated and step not in self.validations:
-            raise RuntimeError(f"no validation of the weights after GRPO step {step} was requested")
-        while step not in self.validated:
-            self._next_reply()
-        return self.validated.pop(step)
-
-    def in_flight(self, step: int) -> tuple[list[StepRollouts], list[int]]:
-        """The rollouts of versions older than ``step`` are waited for: they were drawn by weights the checkpoint
-        does not hold. Those of version ``step`` are not: a draw is a pure function of the weights and the step's
-        seed (the engine reseeds every call), so the resumed run requests them again once it has loaded the
-        checkpoint's weights, and the engine goes on drawing them meanwhile."""
-        versions = in_flight_versions(self.config, step)
-        held = [self._drawn(later) for later, version in versions.items() if version < step]
-        return held, [later for later, version in versions.items() if version == step]
+def grpo_rollouts(
+    engine: RolloutEngine | RolloutProcess,
+    policy: PreTrainedModel,
+    train: list[GSM8KExample],
+    val: list[GSM8KExample],
+    config: GRPOConfig,
+    eval_config: EvalConfig,
+    ranks: Ranks = SINGLE,
+    rewards: Mapping[str, str] | None = None,
+) -> RolloutSource:
+    """The loop's source of rollouts (:func:`reasonrl.rollouts.sources.open_rollouts`) drawing from ``engine``: each
+    step's draw (:func:`reasonrl.rollouts.drawing.draw_rollouts` on ``train``) and each validation (on ``val``), with
+    the run's arguments, whichever process the engine runs in."""
+    draw = functools.partial(
+        draw_rollouts, train=train, config=config, stop=eval_config.stop, ranks=ranks, rewards=rewards
+    )
+    check = functools.partial(
+        validate, val=val, eval_config=eval_config, num_examples=config.eval_examples, prompt_name=config.prompt,
+        seed=config.seed, ranks=ranks, rewards=rewards,
+    )  # fmt: skip
+    return open_rollouts(
+        engine, policy, draw, check, seed=config.seed, max_staleness=config.max_staleness,
+        n_steps=config.n_grpo_steps, validates=functools.partial(is_eval_step, config),
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------- training
@@ -799,7 +554,7 @@ class TrainingState:
     """``max_staleness`` ≥ 1: the rollouts drawn by older weights for the steps after ``step``."""
     to_request: list[int] = dataclasses.field(default_factory=list)
     """``max_staleness`` ≥ 1: the steps after ``step`` whose rollouts the weights of ``step`` draw, which the resumed
-    run requests once it has loaded them (:meth:`LaggedRollouts.in_flight`)."""
+    run requests once it has loaded them (:meth:`reasonrl.rollouts.sources.LaggedRollouts.in_flight`)."""
 
 
 def in_flight_digest(saved_state: Mapping[str, Any]) -> str:
@@ -812,9 +567,9 @@ def in_flight_digest(saved_state: Mapping[str, Any]) -> str:
 
 def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOConfig | None) -> list[StepRollouts]:
     """Checkpoint ``path``'s rollouts in flight, parsed, once checked against ``digest`` and against what a run of
-    ``config`` (None: nothing in flight) holds after ``state.step`` steps (:func:`in_flight_versions`: the rollouts
-    of older versions held, those of the checkpoint's own to request); anything else raises
-    :class:`reasonrl.checkpoints.CheckpointError`."""
+    ``config`` (None: nothing in flight) holds after ``state.step`` steps
+    (:func:`reasonrl.rollouts.sources.in_flight_versions`: the rollouts of older versions held, those of the
+    checkpoint's own to request); anything else raises :class:`reasonrl.checkpoints.CheckpointError`."""
     file = path / STATE_FILE
     saved = {"in_flight": state.in_flight, "to_request": state.to_request}
     if in_flight_digest(saved) != digest:
@@ -825,7 +580,7 @@ def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOC
         raise CheckpointError(
             f"{file}: its rollouts in flight cannot be read ({type(error).__name__}: {error})"
         ) from error
-    versions = {} if config is None else in_flight_versions(config, state.step)
+    versions = {} if config is None else in_flight_versions(state.step, config.max_staleness, config.n_grpo_steps)
     held = {rollouts.step: rollouts.version for rollouts in in_flight}
     expected = {later: version for later, version in versions.items() if version < state.step}
     to_request = [later for later, version in versions.items() if version == state.step]
@@ -937,7 +692,8 @@ def run_grpo(
     the policy.
 
     ``engine``: the engine of this process (``max_staleness`` 0), or the engine's own process (≥ 1: see
-    :class:`LaggedRollouts`); the caller starts and stops it."""
+    :class:`reasonrl.rollouts.sources.LaggedRollouts`), as :func:`reasonrl.rollouts.process.start_engine` starts
+    them; the loop's source stops the engine's process when the loop ends, or fails."""
     reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
@@ -951,11 +707,10 @@ def run_grpo(
     if reference is policy:
         reference = trainer
     train_rows_per_rank = config.train_batch_size // ranks.world_size
-    source = SynchronousRollouts if config.max_staleness == 0 else LaggedRollouts
-    rollouts = source(engine, policy, train, val, config, eval_config, ranks, rewards)
-    rollouts.start(state.step, state.in_flight)
+    rollouts = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
 
-    with open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
+    with rollouts, open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
+        rollouts.start(state.step, state.in_flight)
 
         def evaluate_and_log(step: int) -> None:
             result = rollouts.validate(step)
@@ -1018,7 +773,7 @@ def run_grpo(
             recomputed = time.perf_counter()
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
-            order_rng = random.Random(step_seed(config, step))
+            order_rng = random.Random(step_seed(config.seed, step))
             for epoch in range(config.epochs_per_rollout_batch):
                 order = ranks.rows_to_train(len(batch.responses))
                 order_rng.shuffle(order)

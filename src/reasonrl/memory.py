@@ -41,7 +41,7 @@ from reasonrl.logprobs import CHUNK_LOGITS_BYTES
 
 BUCKET_BYTES = 256 * 2**20
 """The most one transfer of the weight stream to the engine's own process carries
-(:mod:`reasonrl.engine_process`; vLLM's and TRL's weight-update examples bucket similarly)."""
+(:mod:`reasonrl.rollouts.channel`; vLLM's and TRL's weight-update examples bucket similarly)."""
 
 GIB = 2**30
 RESERVE_BYTES = 3 * GIB
@@ -217,8 +217,8 @@ def output_layer_backward_bytes(shape: ModelShape, precision: Precision) -> int:
 
 def weight_transfer_bytes(shape: ModelShape, engine: EngineConfig, max_staleness: int) -> int:
     """What the trainer holds to hand its weights to the engine's own process (``max_staleness`` ≥ 1;
-    :class:`reasonrl.engine_process.RolloutProcess`): the bucket being packed beside the tensor being copied into it
-    (each at most the larger of a bucket and the largest tensor, the ``[V, H]`` embedding, in the engine's dtype;
+    :class:`reasonrl.rollouts.process.RolloutProcess`): the bucket being packed beside the tensor being copied into
+    it (each at most the larger of a bucket and the largest tensor, the ``[V, H]`` embedding, in the engine's dtype;
     ``mixed`` casts that tensor first), and ``max_staleness − 1`` packed copies of the weights waiting for the
     engine, which carry the output layer's weight even when it is tied to the embedding."""
     if max_staleness == 0:
@@ -325,8 +325,9 @@ def _gib(size: int) -> str:
 def check_gpus(engine: EngineConfig, device_count: int) -> None:
     """Raise a :class:`ConfigError` naming ``rollout.layout`` (or ``rollout.engine_device``) when this machine's
     ``device_count`` visible CUDA GPUs cannot hold ``engine``'s layout. The memory plan checks it, and so does
-    :class:`reasonrl.rollout.RolloutEngine` before anything touches CUDA: the evaluation stages start an engine
-    without a plan, and vLLM's own failure (``invalid device ordinal`` for ``split`` on one GPU) names nothing."""
+    :class:`reasonrl.rollouts.engine.RolloutEngine` before anything touches CUDA: the evaluation stages start an
+    engine without a plan, and vLLM's own failure (``invalid device ordinal`` for ``split`` on one GPU) names
+    nothing."""
     needed = LAYOUT_GPUS[engine.layout]
     if device_count < needed:
         instead = "colocate (engine and policy share cuda:0)" if device_count == 1 else "cpu"

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, Precision, SFTConfig, SFTOptimization
     from reasonrl.data import GSM8KExample
     from reasonrl.lora import LoRASettings
-    from reasonrl.rollout import RolloutEngine
+    from reasonrl.rollouts.engine import RolloutEngine
+    from reasonrl.rollouts.process import RolloutProcess
 
 
 @dataclass(frozen=True)
@@ -99,24 +100,21 @@ def start_training(
     rollout: EngineConfig,
     ranks: Ranks = SINGLE,
     policy_shards: int = 1,
-    start_engine: Callable[[str | Path, EngineConfig], Any] | None = None,
-) -> tuple[RolloutEngine, PreTrainedModel, PreTrainedTokenizerBase]:
+    max_staleness: int = 0,
+) -> tuple[RolloutEngine | RolloutProcess, PreTrainedModel, PreTrainedTokenizerBase]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
     ``model_dir`` before any model loads (its prompt against the tokenizer, LoRA's target modules, the GPU memory
     plan of one of ``policy_shards`` FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun;
-    or what ``start_engine(model_dir, rollout)`` starts instead: the asynchronous GRPO stage's engine process) and
-    the policy on the device the layout gives it."""
-    from reasonrl.rollout import RolloutEngine  # here, not at the top: training alone (the GPU bench) needs no vLLM
+    with ``max_staleness`` ≥ 1, asynchronous GRPO's, in a process of its own: see
+    :func:`reasonrl.rollouts.process.start_engine`) and the policy on the device the layout gives it."""
+    from reasonrl.rollouts.process import start_engine  # not at the top: training alone (the GPU bench) needs no vLLM
 
     check_prompt(config.prompt, f"{section}.prompt", AutoTokenizer.from_pretrained(model_dir), model_dir)
     check_lora_targets(model_dir, config, section)
     plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
         print(f"{section}: {plan}")
-    if start_engine is None:
-        engine = RolloutEngine(model_dir, rollout, ranks.tensor_parallel_size)
-    else:
-        engine = start_engine(model_dir, rollout)
+    engine = start_engine(model_dir, rollout, ranks.tensor_parallel_size, max_staleness)
     policy, tokenizer = load_policy(
         model_dir, engine.policy_device(), config.precision, config.gradient_checkpointing, lora=config
     )

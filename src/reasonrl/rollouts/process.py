@@ -1,17 +1,10 @@
 """The rollout engine in a process of its own, for asynchronous GRPO (``grpo.max_staleness`` ≥ 1).
 
-:class:`RolloutProcess` starts a child process that owns a :class:`reasonrl.rollout.RolloutEngine` (on
+:class:`RolloutProcess` starts a child process that owns a :class:`reasonrl.rollouts.engine.RolloutEngine` (on
 ``rollout.engine_device`` in the ``split`` layout, on the CPU in ``cpu``) and serves requests from a queue, in the
 order they were sent: load the weights of a policy version, draw a step's rollouts, validate. Replies come back on a
 second queue. The trainer's process never waits for the engine except when it needs a reply, so the engine samples
-the next steps' batches while the policy trains.
-
-Weights cross through a process group of two ranks, {trainer: 0, engine: 1}, made for this pair alone (not
-``torch.distributed``'s default group, which torchrun runs own): gloo on the CPU, NCCL between two GPUs. They are
-the trainer's merged weights in the engine's dtype (:func:`reasonrl.rollout.engine_weights`), packed in order into
-flat buckets of at most ``BUCKET_BYTES`` and streamed bucket by bucket: the engine loads each bucket's tensors while
-the next one is in transit. A stream starts only when the engine has reached its :class:`LoadWeights` (it says so
-through the store), so the channel's timeout bounds transfers, never the engine's draws.
+the next steps' batches while the policy trains. The weights cross through :mod:`reasonrl.rollouts.channel`.
 
 Neither side blocks on the other without watching it. The two ends connect when the engine's process starts, before
 vLLM does (NCCL would otherwise connect at the first send). The trainer's transfers run on a thread of their own
@@ -25,7 +18,6 @@ Requests and replies are pickled by :mod:`multiprocessing`; both ends are this p
 from __future__ import annotations
 
 import contextlib
-import datetime
 import multiprocessing
 import os
 import queue
@@ -34,7 +26,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,160 +34,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from reasonrl.errors import UserError
-from reasonrl.memory import BUCKET_BYTES, check_gpus
+from reasonrl.memory import check_gpus
+from reasonrl.rollouts.channel import ENGINE, POLL_SECONDS, TRAINER, WeightChannel, WeightLayout, pack
 
 if TYPE_CHECKING:
     from reasonrl.config import EngineConfig
     from reasonrl.evaluation import EvalResult
-    from reasonrl.grpo import DrawnRollouts
-
-CHANNEL_TIMEOUT = datetime.timedelta(minutes=5)
-"""How long the channel's set-up or one bucket's transfer may take once both ends are at it."""
-
-POLL_SECONDS = 0.01
-"""How often a waiting end looks at its peer (a reply ends the trainer's wait at once)."""
-
-TRAINER, ENGINE = 0, 1
+    from reasonrl.rollouts.engine import RolloutEngine
+    from reasonrl.rollouts.types import DrawnRollouts
 
 
 class EngineProcessError(UserError, RuntimeError):
     """The engine's process failed or died; the message carries its traceback or exit code."""
-
-
-# ---------------------------------------------------------------------------------------------------- weight channel
-@dataclass(frozen=True)
-class WeightLayout:
-    """The names and shapes of the tensors a weight stream carries, in order, and their dtype: what the engine
-    needs to receive them."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    dtype: str
-    bucket_bytes: int = BUCKET_BYTES
-
-    @classmethod
-    def of(
-        cls, weights: Iterable[tuple[str, torch.Tensor]], dtype: str, bucket_bytes: int = BUCKET_BYTES
-    ) -> WeightLayout:
-        pairs = [(name, tuple(tensor.shape)) for name, tensor in weights]
-        return cls(tuple(name for name, _ in pairs), tuple(shape for _, shape in pairs), dtype, bucket_bytes)
-
-    def buckets(self) -> list[range]:
-        """Consecutive tensor indices, each range filling a bucket up to ``bucket_bytes`` (a larger tensor alone)."""
-        element = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-        buckets, start, size = [], 0, 0
-        for index, shape in enumerate(self.shapes):
-            nbytes = element * _numel(shape)
-            if index > start and size + nbytes > self.bucket_bytes:
-                buckets.append(range(start, index))
-                start, size = index, 0
-            size += nbytes
-        if start < len(self.shapes):
-            buckets.append(range(start, len(self.shapes)))
-        return buckets
-
-    def sizes(self, bucket: range) -> list[int]:
-        return [_numel(self.shapes[index]) for index in bucket]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-def pack(
-    weights: Iterable[tuple[str, torch.Tensor]], layout: WeightLayout, device: torch.device
-) -> Iterator[torch.Tensor]:
-    """``weights`` (in ``layout``'s order and shapes) as ``layout``'s flat buckets on ``device``, one at a time: at
-    most a bucket and the tensors being copied into it exist beside the weights (the memory plan's packing)."""
-    weights = iter(weights)
-    for bucket in layout.buckets():
-        buffer = _packed(weights, layout, bucket, device)
-        yield buffer
-        del buffer  # before the next bucket is allocated (the consumer drops its reference too)
-
-
-def _packed(
-    weights: Iterator[tuple[str, torch.Tensor]], layout: WeightLayout, bucket: range, device: torch.device
-) -> torch.Tensor:
-    sizes = layout.sizes(bucket)
-    buffer = torch.empty(sum(sizes), dtype=getattr(torch, layout.dtype), device=device)
-    for index, part in zip(bucket, buffer.split(sizes), strict=True):
-        name, tensor = next(weights)
-        if name != layout.names[index] or tuple(tensor.shape) != layout.shapes[index]:
-            raise RuntimeError(f"weight {index} is {name} {tuple(tensor.shape)}, not as the layout says")
-        part.copy_(tensor.reshape(-1))
-    return buffer
-
-
-class WeightChannel:
-    """One end of the {trainer, engine} weight stream: a process group of two ranks over a ``torch.distributed``
-    store the trainer hosts (gloo, or NCCL when ``device`` is a GPU). The constructor returns once both ends are
-    connected; each call blocks the calling thread (see :class:`RolloutProcess` for who watches it)."""
-
-    def __init__(self, store: torch.distributed.Store, rank: int, device: torch.device) -> None:
-        self._store, self._device, self._aborted = store, device, False  # the store serves while this lives
-        if device.type == "cpu":  # gloo connects both ends in its constructor
-            self._group = torch.distributed.ProcessGroupGloo(store, rank, 2, CHANNEL_TIMEOUT)
-        else:  # GPU-only: NCCL connects at its first operation unless told to now
-            options = torch.distributed.ProcessGroupNCCL.Options()
-            options._timeout = CHANNEL_TIMEOUT  # how torch.distributed itself sets an NCCL group's timeout
-            self._group = torch.distributed.ProcessGroupNCCL(store, rank, 2, options)
-            self._group.eager_connect_single_device(device)
-
-    @staticmethod
-    def host() -> torch.distributed.TCPStore:
-        """The trainer's store, on a free port of this machine (its ``port`` tells the engine where)."""
-        return torch.distributed.TCPStore(
-            "127.0.0.1", 0, 2, is_master=True, timeout=CHANNEL_TIMEOUT, wait_for_workers=False
-        )
-
-    @staticmethod
-    def join(port: int) -> torch.distributed.TCPStore:
-        return torch.distributed.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=CHANNEL_TIMEOUT)
-
-    def send(self, buckets: Iterable[torch.Tensor], version: int) -> None:
-        """Stream the packed buckets of policy ``version`` (:func:`pack`) once the engine asks for them."""
-        key = f"receiving/{version}"
-        while not self._store.check([key]):
-            self._raise_if_aborted()
-            time.sleep(POLL_SECONDS)
-        self._store.delete_key(key)
-        for buffer in buckets:
-            self._finish(self._group.send([buffer], ENGINE, 0))
-            del buffer  # before the next bucket is packed
-
-    def receive(self, layout: WeightLayout, version: int) -> Iterator[tuple[str, torch.Tensor]]:
-        """The trainer's stream of policy ``version``, tensor by tensor, each a view of its bucket's buffer."""
-        self._store.set(f"receiving/{version}", "")
-        for bucket in layout.buckets():
-            sizes = layout.sizes(bucket)
-            buffer = torch.empty(sum(sizes), dtype=getattr(torch, layout.dtype), device=self._device)
-            self._finish(self._group.recv([buffer], TRAINER, 0))
-            for index, part in zip(bucket, buffer.split(sizes), strict=True):
-                yield layout.names[index], part.view(layout.shapes[index])
-
-    def _finish(self, work) -> None:
-        """Block this thread until a bucket crossed; raise if the peer's connection closed or :meth:`abort` ran."""
-        if self._device.type == "cpu":
-            work.wait()  # gloo: returns when the bucket crossed, raises when the peer's connection closed
-            return
-        # GPU-only: NCCL's wait() only makes the CUDA stream wait; is_completed() asks from the host
-        while not work.is_completed():
-            self._raise_if_aborted()
-            time.sleep(POLL_SECONDS)
-
-    def _raise_if_aborted(self) -> None:
-        if self._aborted:
-            raise RuntimeError("the weight channel was aborted")
-
-    def abort(self) -> None:
-        """Tear the group down: a transfer still waiting on the peer (NCCL's, forever) ends with an error."""
-        if not self._aborted:
-            self._aborted = True
-            self._group.abort()
 
 
 # ---------------------------------------------------------------------------------------------------- requests
@@ -206,7 +56,7 @@ class Setup:
     nothing of GRPO: the trainer's loop sends its own."""
 
     draw: Callable[..., DrawnRollouts]
-    """``draw(engine, step_seed=...)``: a step's rollouts (:func:`reasonrl.grpo.draw_rollouts`)."""
+    """``draw(engine, step_seed=...)``: a step's rollouts (:func:`reasonrl.rollouts.drawing.draw_rollouts`)."""
     validate: Callable[..., EvalResult]
     """``validate(engine, None)``: validation of the loaded weights (:func:`reasonrl.sft.validate`)."""
 
@@ -221,7 +71,8 @@ class LoadWeights:
 
 @dataclass(frozen=True)
 class Draw:
-    """Draw GRPO step ``step``'s rollouts (:func:`reasonrl.grpo.draw_rollouts`) with the weights loaded last."""
+    """Draw GRPO step ``step``'s rollouts (:func:`reasonrl.rollouts.drawing.draw_rollouts`) with the weights loaded
+    last."""
 
     step: int
     step_seed: int
@@ -275,7 +126,7 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
         channel = WeightChannel(WeightChannel.join(port), ENGINE, device)  # before vLLM: the trainer waits here
         if threads is not None:
             torch.set_num_threads(threads)
-        from reasonrl.rollout import RolloutEngine
+        from reasonrl.rollouts.engine import RolloutEngine
 
         engine = RolloutEngine(model_dir, config)
         setup, version = None, None
@@ -353,8 +204,8 @@ class _Threaded:
 @dataclass
 class RolloutProcess:
     """The trainer's handle on the engine process: the same ``config`` and ``policy_device()`` as an in-process
-    :class:`reasonrl.rollout.RolloutEngine`, requests instead of calls. Close it (or use it as a context manager)
-    to stop the process.
+    :class:`reasonrl.rollouts.engine.RolloutEngine`, requests instead of calls. Close it (or use it as a context
+    manager) to stop the process: the GRPO loop's source does (:class:`reasonrl.rollouts.sources.LaggedRollouts`).
 
     :meth:`load_weights` hands the weights off without waiting for the engine where it can: the engine takes a
     version's weights only after the replies requested before it, so with ``d`` of them still to come the trainer
@@ -382,7 +233,7 @@ class RolloutProcess:
     _transfers: list[_Threaded] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        from reasonrl.rollout import RolloutEngine
+        from reasonrl.rollouts.engine import RolloutEngine
 
         check_gpus(self.config, torch.cuda.device_count())
         # The trainer's PyTorch as an in-process engine would set it (rollout.deterministic); the engine's process
@@ -502,3 +353,16 @@ class RolloutProcess:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def start_engine(
+    model_dir: str | Path, config: EngineConfig, tensor_parallel_size: int = 1, max_staleness: int = 0
+) -> RolloutEngine | RolloutProcess:
+    """The rollout engine a training stage samples with: in this process (this rank's, under torchrun: a shard of
+    one over ``tensor_parallel_size`` ranks), or with ``max_staleness`` ≥ 1 (``grpo.max_staleness``) in a process of
+    its own, sampling while the policy trains, with half of this process's CPU threads (:func:`share_cpu_threads`)."""
+    from reasonrl.rollouts.engine import RolloutEngine
+
+    if max_staleness == 0:
+        return RolloutEngine(model_dir, config, tensor_parallel_size)
+    return RolloutProcess(model_dir, config, share_cpu_threads(config))

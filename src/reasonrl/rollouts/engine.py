@@ -51,7 +51,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -60,6 +60,7 @@ from tqdm import tqdm
 from reasonrl.config import ConfigError, EngineConfig, is_int
 from reasonrl.lora import merged_weights
 from reasonrl.memory import check_gpus
+from reasonrl.rollouts.types import Sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -90,31 +91,6 @@ class _RngState:
             torch.cuda.set_rng_state(state, index)  # GPU-only
         np.random.set_state(self.numpy)
         random.setstate(self.python)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One generated completion."""
-
-    text: str
-    """Generated text; a stop string that ended it is kept (``include_stop_str_in_output=True``)."""
-    token_ids: list[int]
-    """Generated token ids, ending with the EOS token when EOS ended the sample (it is trained on: ending is a
-    decision of the policy)."""
-    logprobs: list[float] | None
-    """Log-prob of each sampled token under the distribution it was drawn from, when asked: vLLM's
-    ``processed_logprobs``, after temperature and top-p (``log_softmax(logits / T)`` at top-p 1), and before
-    ``min_tokens`` tokens with the stop tokens masked out, as the sampler masks them (greedy, ``temperature=0``:
-    the untempered distribution)."""
-    prompt_token_ids: list[int]
-    """The exact prompt ids the engine conditioned on (with any BOS its tokenizer adds): train on these."""
-    finish: Literal["eos", "stop_string", "length"]
-    """What ended the sample: the EOS token, a stop string, or ``max_tokens`` (truncated)."""
-
-    @property
-    def length(self) -> int:
-        """Generated tokens, not counting a final EOS token (which is no text)."""
-        return len(self.token_ids) - (self.finish == "eos")
 
 
 # The logger of vLLM's in-place, layer-by-layer weight reload (used by sync_weights).
@@ -191,7 +167,7 @@ class RolloutEngine:
         # is named now, not by vLLM's "invalid device ordinal" (split on one GPU) or torch's missing driver.
         check_gpus(config, torch.cuda.device_count())
         # The current GPU before vLLM changes it: cuda:0, under torchrun the rank's own (set by init_ranks), in the
-        # engine's own process the engine's (set by reasonrl.engine_process.serve): the constructor makes it current
+        # engine's own process the engine's (set by reasonrl.rollouts.process.serve): the constructor makes it current
         # again at the end, and so never opens a context on a GPU that is not this process's.
         self._policy_device = (
             torch.device("cpu") if config.layout == "cpu" else torch.device("cuda", torch.cuda.current_device())
@@ -425,7 +401,7 @@ class RolloutEngine:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load named tensors into the engine in place, consuming them one at a time: a policy's
         (:func:`engine_weights`), or a stream received from the trainer's process
-        (:class:`reasonrl.engine_process.WeightChannel`). Resets the prefix cache, computed with the old weights."""
+        (:class:`reasonrl.rollouts.channel.WeightChannel`). Resets the prefix cache, computed with the old weights."""
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before loading weights")
         self._reload(weights)
