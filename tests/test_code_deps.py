@@ -200,4 +200,11 @@ def test_light_layers_load_no_training_stack(code):
 
 def test_the_download_stage_imports_no_training_loop():
     loaded = import_closure(REPO / "stages/download.py")
-    assert not loaded & {"reasonrl.grpo", "reasonrl.sft", "reasonrl.rollout", "reasonrl.models", "reasonrl.losses"}
+    assert not loaded & {
+        "reasonrl.grpo",
+        "reasonrl.sft",
+        "reasonrl.training",
+        "reasonrl.rollout",
+        "reasonrl.models",
+        "reasonrl.losses",
+    }

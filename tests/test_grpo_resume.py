@@ -26,17 +26,17 @@ from reasonrl.grpo import (
     StepRollouts,
     TrainingState,
     draw_rollouts,
+    grpo_checkpoints,
     in_flight_versions,
-    resume,
     run_grpo,
-    save_checkpoint,
     step_seed,
 )
 from reasonrl.presets import apply_to_file, load_preset
 from reasonrl.rollout import RolloutEngine
-from reasonrl.sft import BestCheckpoint, load_policy
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.policy import load_policy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -288,16 +288,17 @@ def checkpoint_in_flight(policy, directory: Path, step: int, drawn, versions: di
     live = directory.parent / "live"
     live.mkdir(exist_ok=True)
     optimizer = torch.optim.AdamW(policy.parameters())
-    save_checkpoint(directory, policy, optimizer, state, BestCheckpoint(), live, "fingerprint")
+    grpo_checkpoints(directory, "fingerprint", policy, optimizer, BestCheckpoint(), live).save(state)
     return directory / f"step-{step:06d}"
 
 
 def resume_async(policy, directory: Path, capsys) -> tuple[TrainingState, list[str]]:
     capsys.readouterr()
     optimizer = torch.optim.AdamW(policy.parameters())
-    state = resume(
+    checkpoints = grpo_checkpoints(
         directory, "fingerprint", policy, optimizer, BestCheckpoint(), directory.parent / "live", config=ASYNC
     )
+    state = checkpoints.resume()
     return state, capsys.readouterr().out.splitlines()
 
 

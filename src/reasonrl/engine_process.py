@@ -208,7 +208,8 @@ class Setup:
     draw: Callable[..., DrawnRollouts]
     """``draw(engine, step_seed=...)``: a step's rollouts (:func:`reasonrl.grpo.draw_rollouts`)."""
     validate: Callable[..., EvalResult]
-    """``validate(engine, None)``: validation of the loaded weights (:func:`reasonrl.sft.validate`)."""
+    """``validate(engine, None)``: validation of the loaded weights
+    (:func:`reasonrl.training.validation.validate`)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,8 @@ class Draw:
 
 @dataclass(frozen=True)
 class Validate:
-    """Validate the weights loaded last (:func:`reasonrl.sft.validate` on ``config.eval_examples`` questions)."""
+    """Validate the weights loaded last (:func:`reasonrl.training.validation.validate` on ``config.eval_examples``
+    questions)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from reasonrl.config import Params
 from reasonrl.markdown import code, md_inline
 
 if TYPE_CHECKING:
-    from reasonrl.sft import BestCheckpoint
+    from reasonrl.training.best import BestCheckpoint
 
 Route = Literal["sft", "ei", "grpo"]
 ROUTE_NAMES = {"sft": "supervised fine-tuning", "ei": "expert iteration", "grpo": "GRPO"}
