@@ -372,7 +372,7 @@ def test_the_fingerprint_covers_the_prompt_templates_the_code_the_libraries_and_
     def current(device: str = "cpu") -> str:
         data = {"train": examples_digest([]), "val": examples_digest([])}
         inputs = GRPOConfig(), EvalConfig(), EngineConfig(), model, data
-        return fingerprint("grpo", *inputs, tmp_path / "stages/grpo.py", tmp_path / "src", training_device=device)
+        return fingerprint("grpo", *inputs, tmp_path / "stages/grpo.py", device, source=tmp_path / "src")
 
     def edit(relative: str) -> None:
         with (tmp_path / relative).open("a", encoding="utf-8") as stream:

@@ -205,7 +205,7 @@ def grpo_fingerprint(tree: Path, spec: str) -> str:
     data = {"train": examples_digest([]), "val": examples_digest([])}
     return fingerprint(
         "grpo", GRPOConfig(), EvalConfig(), EngineConfig(), tree / "model", data,
-        tree / "stages/grpo.py", tree / "src", rewards,
+        tree / "stages/grpo.py", "cpu", rewards, source=tree / "src",
     )  # fmt: skip
 
 

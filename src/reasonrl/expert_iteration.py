@@ -87,17 +87,7 @@ def run_expert_iteration(
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
     data = {"train": examples_digest(train), "val": examples_digest(val)}
-    inputs = fingerprint(
-        "ei",
-        config,
-        eval_config,
-        engine.config,
-        init_model_dir,
-        data,
-        EI_STAGE,
-        rewards=rewards,
-        training_device=device,
-    )
+    inputs = fingerprint("ei", config, eval_config, engine.config, init_model_dir, data, EI_STAGE, device, rewards)
     # No optimizer: each round makes its own.
     checkpoints = RunCheckpoints(checkpoint_dir, inputs, "expert iteration", EIState, policy, None, best, live_dir)
     state = checkpoints.resume()

@@ -852,16 +852,7 @@ def run_grpo(
     device = next(policy.parameters()).device.type
     data = {"train": examples_digest(train), "val": examples_digest(val)}
     run_fingerprint = fingerprint(
-        "grpo",
-        config,
-        eval_config,
-        engine.config,
-        init_model_dir,
-        data,
-        GRPO_STAGE,
-        rewards=rewards,
-        distributed=distributed,
-        training_device=device,
+        "grpo", config, eval_config, engine.config, init_model_dir, data, GRPO_STAGE, device, rewards, distributed
     )
     checkpoints = grpo_checkpoints(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks, config)
     state = checkpoints.resume()

@@ -189,17 +189,7 @@ def run_sft(
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
     data = {"pairs": pairs_digest(pairs), "val": examples_digest(val)}
-    inputs = fingerprint(
-        "sft",
-        config,
-        eval_config,
-        engine.config,
-        init_model_dir,
-        data,
-        SFT_STAGE,
-        rewards=rewards,
-        training_device=device,
-    )
+    inputs = fingerprint("sft", config, eval_config, engine.config, init_model_dir, data, SFT_STAGE, device, rewards)
     checkpoints = RunCheckpoints(checkpoint_dir, inputs, "SFT", SFTState, policy, optimizer, best, live_dir)
     state = checkpoints.resume()
     engine.sleep()  # training comes first; validate() wakes the engine for each evaluation

@@ -89,10 +89,10 @@ def fingerprint(
     init_model_dir: str | Path,
     data: Mapping[str, str],
     stage: Path,
-    source: Path = SOURCE,
+    training_device: str = "cpu",
     rewards: Mapping[str, str] | None = None,
     distributed: DistributedConfig | None = None,
-    training_device: str = "cpu",
+    source: Path = SOURCE,
 ) -> str:
     """Identifies the inputs a checkpoint of a ``section`` run (sft, ei, grpo) was made from: the params (the ranks'
     world among them: each samples its own share), the init model's files by content (weights and tokenizer: an
