@@ -53,8 +53,8 @@ from reasonrl.data import parse_lines
 from reasonrl.grpo import run_grpo
 from reasonrl.models import prepare_base_model
 from reasonrl.rollouts.process import start_engine
-from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
+from reasonrl.training.policy import load_policy
 
 PEERS = ("both", "sync", "async")
 PHASES = ("step", "rollout", "old_log_prob", "train", "engine")

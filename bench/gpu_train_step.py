@@ -43,19 +43,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl.batching import sequence_lengths
 from reasonrl.config import GRPOConfig, SFTConfig
-from reasonrl.grpo import (
-    NonFiniteGuard,
-    RolloutBatch,
-    accumulate_gradients,
-    compute_old_log_probs,
-    make_optimizer,
-    optimizer_step,
-)
+from reasonrl.grpo import NonFiniteGuard, RolloutBatch, accumulate_gradients, compute_old_log_probs, optimizer_step
 from reasonrl.lora import trainable_parameters
 from reasonrl.models import policy_dtype
-from reasonrl.sft import accumulate_sft_gradients, prepare_for_training
-from reasonrl.sft import make_optimizer as make_sft_optimizer
+from reasonrl.sft import accumulate_sft_gradients
 from reasonrl.tokenization import batch_from_token_ids
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import prepare_for_training
 
 SHAPES = {
     "qwen2.5-1.5b": dict(
@@ -174,7 +168,7 @@ def timed(function: Callable[[], None], device: torch.device, steps: int) -> tup
 def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, steps: int) -> tuple[float, float, float]:
     """One optimizer step over the whole batch, as ``run_grpo`` takes it; the optimizer lives for this measurement.
     Also returns the GiB of AdamW state it ended with."""
-    optimizer, guard = make_optimizer(policy, config), NonFiniteGuard(limit=10**9)
+    optimizer, guard = make_optimizer(policy, config, config.betas), NonFiniteGuard(limit=10**9)
     rows = list(range(len(batch.responses)))
 
     def step() -> None:
@@ -188,7 +182,7 @@ def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, step
 
 def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, device, steps: int) -> tuple[float, float]:
     """One optimizer step as ``sft_steps`` takes it, on already tokenized tensors."""
-    optimizer, _ = make_sft_optimizer(policy, config, total_steps=10)
+    optimizer = make_optimizer(policy, config)
 
     def step() -> None:
         accumulate_sft_gradients(policy, batch, config)

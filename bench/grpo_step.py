@@ -51,18 +51,13 @@ from transformers import AutoTokenizer
 
 from reasonrl.config import DataConfig, EngineConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resolve_source
-from reasonrl.grpo import (
-    NonFiniteGuard,
-    accumulate_gradients,
-    make_optimizer,
-    optimizer_step,
-    score_rollouts,
-)
+from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, optimizer_step, score_rollouts
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import REWARD_FNS, load_prompt
 from reasonrl.rollouts.drawing import draw_rollouts
 from reasonrl.rollouts.engine import RolloutEngine
-from reasonrl.sft import load_policy
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import load_policy
 
 PROMPT = "r1_zero"
 STOP = ["</answer>"]
@@ -100,7 +95,7 @@ def reasonrl_steps(
             layout="cpu", cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=1024, enforce_eager=args.enforce_eager
         ),
     )
-    optimizer = make_optimizer(policy, config)
+    optimizer = make_optimizer(policy, config, config.betas)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite)
     times: dict[str, list[float]] = {"step": [], "rollout": [], "train": []}
     for step in range(args.warmup_steps + args.steps):

@@ -3,15 +3,11 @@
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json
-from reasonrl.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.expert_iteration import run_expert_iteration
-from reasonrl.lora import trainable_parameter_count
-from reasonrl.model_card import git_commit, render_card
-from reasonrl.sft import save_policy, start_training
+from reasonrl.training.stage import SavedModel, run_training_stage
 
 
 def main() -> None:
@@ -30,10 +26,8 @@ def main() -> None:
     train_file, val_file = Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"
     train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
-    # One run at a time writes the checkpoints, the curves and the outputs.
-    with checkpoint_lock(args.checkpoints):
-        engine, policy, tokenizer = start_training(start, config, "ei", params.rollout)
-        best = run_expert_iteration(
+    def run(engine, policy, tokenizer, keep):
+        return run_expert_iteration(
             policy,
             tokenizer,
             engine,
@@ -47,19 +41,19 @@ def main() -> None:
             init_model_dir=start,
             rewards=params.rewards.specs,
         )
-        checkpoint = "the round with the best validation accuracy"
-        card = render_card(params, "ei", checkpoint, best, "round", [train_file, val_file], git_commit())
-        save_policy(policy, tokenizer, args.out, best.state_dict, card)
-        atomic_write_json(
-            args.metrics,
-            {
-                "best_val_accuracy": best.accuracy,
-                "best_round": best.step,
-                "trainable_parameters": trainable_parameter_count(policy),
-                "wall_clock_seconds": round(time.perf_counter() - started, 1),
-            },
-        )
-        remove_checkpoints(Path(args.checkpoints))
+
+    best = run_training_stage(
+        params,
+        "ei",
+        start,
+        [train_file, val_file],
+        run,
+        [SavedModel(Path(args.out), "the round with the best validation accuracy")],
+        checkpoints=args.checkpoints,
+        metrics=args.metrics,
+        started=started,
+        unit="round",
+    )
     print(f"expert iteration: best validation accuracy {best.accuracy:.3f} after round {best.step}")
 
 

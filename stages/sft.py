@@ -4,14 +4,12 @@ Resumable."""
 import time
 from pathlib import Path
 
-from reasonrl.atomic import atomic_write_json
-from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
-from reasonrl.lora import trainable_parameter_count
-from reasonrl.model_card import git_commit, render_card
-from reasonrl.sft import BestCheckpoint, Pair, run_sft, save_policy, start_training
+from reasonrl.sft import Pair, run_sft
+from reasonrl.training.checkpoints import kept_directory
+from reasonrl.training.stage import SavedModel, run_training_stage
 
 
 def load_pairs(path: Path, num_examples: int | None) -> list[Pair]:
@@ -44,19 +42,8 @@ def main() -> None:
     pairs = load_pairs(pairs_file, config.num_examples)
     val = load_gsm8k(val_file)
 
-    commit = git_commit()
-    kept = kept_directory(args.kept) if config.keep_every else None
-    # One run at a time writes the checkpoints, the kept policies, the curves and the outputs.
-    with checkpoint_lock(args.checkpoints, kept):
-        engine, policy, tokenizer = start_training(args.model, config, "sft", params.rollout)
-
-        def keep(step: int, best: BestCheckpoint) -> None:
-            card = render_card(
-                params, "sft", f"the policy after optimizer step {step}", best, "step", [pairs_file, val_file], commit
-            )
-            save_policy(policy, tokenizer, kept / f"step_{step:06d}", card=card)
-
-        best = run_sft(
+    def run(engine, policy, tokenizer, keep):
+        return run_sft(
             policy,
             tokenizer,
             pairs,
@@ -71,20 +58,21 @@ def main() -> None:
             keep=keep,
             rewards=params.rewards.specs,
         )
-        checkpoint = "the step with the best validation accuracy"
-        card = render_card(params, "sft", checkpoint, best, "step", [pairs_file, val_file], commit)
-        save_policy(policy, tokenizer, args.out, best.state_dict, card)
-        atomic_write_json(
-            args.metrics,
-            {
-                "best_val_accuracy": best.accuracy,
-                "best_step": best.step,
-                "train_pairs": len(pairs),
-                "trainable_parameters": trainable_parameter_count(policy),
-                "wall_clock_seconds": round(time.perf_counter() - started, 1),
-            },
-        )
-        remove_checkpoints(Path(args.checkpoints))
+
+    best = run_training_stage(
+        params,
+        "sft",
+        args.model,
+        [pairs_file, val_file],
+        run,
+        [SavedModel(Path(args.out), "the step with the best validation accuracy")],
+        checkpoints=args.checkpoints,
+        metrics=args.metrics,
+        started=started,
+        kept=kept_directory(args.kept) if config.keep_every else None,
+        kept_unit="optimizer step",
+        summary={"train_pairs": len(pairs)},
+    )
     print(f"sft: best validation accuracy {best.accuracy:.3f} at step {best.step}; saved to {args.out}")
 
 

@@ -26,7 +26,6 @@ from reasonrl.grpo import (
     NonFiniteGuard,
     accumulate_gradients,
     compute_old_log_probs,
-    make_optimizer,
     optimizer_step,
     rollout_metrics,
     score_rollouts,
@@ -36,8 +35,9 @@ from reasonrl.lora import merged_weights
 from reasonrl.prompts import REWARD_FNS
 from reasonrl.rollouts.drawing import draw_rollouts
 from reasonrl.rollouts.engine import RolloutEngine
-from reasonrl.sft import load_policy
 from reasonrl.synthetic import arithmetic_lines
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import load_policy
 
 STEP_SEED = 5
 # Two passes over the rollout batch, each one optimizer step of all 32 responses: the second is off-policy (old
@@ -70,7 +70,7 @@ def main() -> None:
     engine = RolloutEngine(model_dir, engine_config, ranks.tensor_parallel_size)
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     trainer = wrap_for_training(policy, strategy, ranks)
-    optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
+    optimizer, guard = make_optimizer(policy, CONFIG, CONFIG.betas), NonFiniteGuard(limit=0)
 
     with engine.serving(policy):
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)

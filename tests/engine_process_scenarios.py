@@ -102,7 +102,7 @@ def main(phase: str, model_dir: str) -> None:
         print("joined", flush=True)
         if phase == "start":
             from reasonrl.rollouts.engine import engine_weights
-            from reasonrl.sft import load_policy
+            from reasonrl.training.policy import load_policy
 
             policy, _ = load_policy(model_dir, torch.device("cpu"))
             layout = WeightLayout.of(engine_weights(policy, ENGINE.dtype), ENGINE.dtype)

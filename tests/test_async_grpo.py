@@ -21,12 +21,10 @@ from reasonrl.grpo import (
     accumulate_gradients,
     compute_old_log_probs,
     grpo_rollouts,
-    make_optimizer,
     optimizer_step,
     run_grpo,
     scheduled_learning_rate,
     score_rollouts,
-    set_learning_rate,
 )
 from reasonrl.logprobs import compute_entropy
 from reasonrl.losses import masked_mean
@@ -36,8 +34,10 @@ from reasonrl.rollouts.engine import RolloutEngine, engine_weights
 from reasonrl.rollouts.process import Draw, Drawn, RolloutProcess, Setup, Validate, Validated
 from reasonrl.rollouts.sources import LaggedRollouts
 from reasonrl.rollouts.types import DrawnRollouts, StepRollouts
-from reasonrl.sft import load_policy, validate
 from reasonrl.synthetic import arithmetic_lines
+from reasonrl.training.optimizer import make_optimizer, set_learning_rate
+from reasonrl.training.policy import load_policy
+from reasonrl.training.validation import validate
 
 ENGINE = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True)  # float32, as the trainer on the CPU
 TRAIN = parse_lines(arithmetic_lines(32, 0, 1, 9), "train")
@@ -169,7 +169,7 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
 
     expected, _ = load_policy(tiny_model_dir, torch.device("cpu"))
     reference = copy.deepcopy(expected).eval().requires_grad_(False)
-    optimizer, guard = make_optimizer(expected, CONFIG), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
+    optimizer, guard = make_optimizer(expected, CONFIG, CONFIG.betas), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
     for step in range(CONFIG.n_grpo_steps):
         seed = step_seed(CONFIG.seed, step)
         with engine.serving(expected):

@@ -1,7 +1,7 @@
 """The checkpoint store SFT and expert iteration share with GRPO (issue 23, item 5), without an engine: an SFT
-checkpoint restores the weights, AdamW, the schedule's place, the data order and the best weights, so two steps then
-a resume and two more equal four uninterrupted steps; a checkpoint made from other inputs (params, init model, data,
-code) is not resumed; the keep_every params and where the kept policies go."""
+checkpoint restores the weights, AdamW, the step count (the learning rate's place), the data order and the best
+weights, so two steps then a resume and two more equal four uninterrupted steps; a checkpoint made from other inputs
+(params, init model, data, code) is not resumed; the keep_every params and where the kept policies go."""
 
 import copy
 import shutil
@@ -12,23 +12,23 @@ import torch
 from dvc.env import DVC_EXP_BASELINE_REV, DVC_EXP_NAME, DVC_ROOT, DVC_STAGE
 
 from reasonrl.atomic import LockedError
-from reasonrl.checkpoints import checkpoint_lock, kept_directory, remove_checkpoints, resume, write_checkpoint
 from reasonrl.code_deps import SOURCE
 from reasonrl.config import ConfigError, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig, TinyModelSpec
-from reasonrl.data import GSM8KExample
-from reasonrl.expert_iteration import EI_STAGE, EIState, ei_fingerprint, load_ei_checkpoint
-from reasonrl.sft import (
-    SFT_STAGE,
-    BestCheckpoint,
-    Pair,
-    SFTState,
-    load_sft_checkpoint,
-    make_optimizer,
-    save_sft_checkpoint,
-    sft_fingerprint,
-    sft_steps,
-)
+from reasonrl.data import GSM8KExample, examples_digest
+from reasonrl.expert_iteration import EI_STAGE, EIState
+from reasonrl.sft import SFT_STAGE, Pair, SFTState, pairs_digest, sft_schedule, sft_steps
 from reasonrl.tiny_model import build_tiny_model
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.checkpoints import (
+    RunCheckpoints,
+    checkpoint_lock,
+    fingerprint,
+    kept_directory,
+    remove_checkpoints,
+    resume,
+    write_checkpoint,
+)
+from reasonrl.training.optimizer import make_optimizer
 
 PAIRS = [
     Pair(f"User: {a} plus {b}?\nAssistant: <think>", f" {a} + {b} = {a + b} </think> <answer> {a + b} </answer>")
@@ -48,12 +48,13 @@ def train(policy, tokenizer, optimizer, schedule, start: int, stop: int) -> list
 def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny_tokenizer, tmp_path, capsys):
     """Four steps straight, against two steps, a checkpoint, a fresh policy resumed from it and steps 3-4 (the
     second epoch's first): the same losses and bit-identical weights; the best weights and curves come back."""
+    schedule = sft_schedule(CONFIG, 6)
     uninterrupted = copy.deepcopy(tiny_model).train()
-    optimizer, schedule = make_optimizer(uninterrupted, CONFIG, 6)
+    optimizer = make_optimizer(uninterrupted, CONFIG)
     losses = train(uninterrupted, tiny_tokenizer, optimizer, schedule, 0, 4)
 
     first = copy.deepcopy(tiny_model).train()
-    optimizer, schedule = make_optimizer(first, CONFIG, 6)
+    optimizer = make_optimizer(first, CONFIG)
     assert train(first, tiny_tokenizer, optimizer, schedule, 0, 2) == losses[:2]
     best = BestCheckpoint()
     best.offer(first, 0.5, 2, interval={"low": 0.1, "high": 0.9, "method": "wilson"})
@@ -61,16 +62,15 @@ def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny
     (live / "plots").mkdir(parents=True)
     (live / "plots/loss.tsv").write_text("step\tloss\n1\t5.0\n2\t4.0\n")
     state = SFTState(step=2, best_accuracy=0.5, best_step=2, best_interval=best.interval)
-    save_sft_checkpoint(tmp_path / "checkpoints", first, optimizer, schedule, state, best, live, "inputs")
+    RunCheckpoints(tmp_path / "checkpoints", "inputs", "SFT", SFTState, first, optimizer, best, live).save(state)
     (live / "plots/loss.tsv").write_text("step\tloss\n1\t5.0\n2\t4.0\n3\t3.5\n")  # a step the killed run logged
 
     resumed = copy.deepcopy(tiny_model).train()
-    optimizer, schedule = make_optimizer(resumed, CONFIG, 6)
+    optimizer = make_optimizer(resumed, CONFIG)
     restored_best = BestCheckpoint()
     fresh = SFTState()
-
-    def load(path):
-        return load_sft_checkpoint(path, resumed, optimizer, schedule, restored_best, live)
+    checkpoints = tmp_path / "checkpoints"
+    load = RunCheckpoints(checkpoints, "inputs", "SFT", SFTState, resumed, optimizer, restored_best, live).load
 
     state = resume(tmp_path / "checkpoints", "inputs", "SFT", load, fresh)
     assert capsys.readouterr().out == f"SFT: resuming from {tmp_path / 'checkpoints/step-000002'} (step 2)\n"
@@ -78,7 +78,7 @@ def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny
     assert (restored_best.accuracy, restored_best.step) == (0.5, 2)
     assert all(torch.equal(restored_best.state_dict[name], best.state_dict[name]) for name in best.state_dict)
     assert (live / "plots/loss.tsv").read_text() == "step\tloss\n1\t5.0\n2\t4.0\n"
-    assert schedule.last_epoch == 2
+    assert state.step == 2  # the schedule's place: the learning rate is a function of the step count
     assert train(resumed, tiny_tokenizer, optimizer, schedule, state.step, 4) == losses[2:]
     expected = uninterrupted.state_dict()
     assert all(torch.equal(tensor, expected[name]) for name, tensor in resumed.state_dict().items())
@@ -104,7 +104,8 @@ def test_an_ei_checkpoint_restores_the_weights_the_best_round_and_the_counts(tin
         for parameter in other.parameters():
             parameter.add_(1.0)
     restored_best = BestCheckpoint()
-    loaded = load_ei_checkpoint(tmp_path / "checkpoints/step-000001", other, restored_best, live)
+    checkpoints = RunCheckpoints(tmp_path / "checkpoints", "inputs", "EI", EIState, other, None, restored_best, live)
+    loaded = checkpoints.load(tmp_path / "checkpoints/step-000001")
     assert loaded == state and (restored_best.accuracy, restored_best.step) == (0.25, 1)
     assert all(torch.equal(tensor, tiny_model.state_dict()[name]) for name, tensor in other.state_dict().items())
     remove_checkpoints(tmp_path / "checkpoints")
@@ -126,9 +127,11 @@ def test_the_sft_and_ei_fingerprints_change_with_params_init_model_data_and_code
     def fingerprints(config=None, ei_config=None, pairs=PAIRS, train=train, val=val) -> tuple[str, str]:
         common = EvalConfig(), EngineConfig(), model
         source = {"source": tmp_path / "src"}
-        sft = sft_fingerprint(config or SFTConfig(), *common, pairs, val, stage=tmp_path / "stages/sft.py", **source)
-        ei_stage = tmp_path / "stages/expert_iteration.py"
-        ei = ei_fingerprint(ei_config or EIConfig(), *common, train, val, stage=ei_stage, **source)
+        sft_data = {"pairs": pairs_digest(pairs), "val": examples_digest(val)}
+        sft_stage, ei_stage = tmp_path / "stages/sft.py", tmp_path / "stages/expert_iteration.py"
+        sft = fingerprint("sft", config or SFTConfig(), *common, sft_data, sft_stage, **source)
+        ei_data = {"train": examples_digest(train), "val": examples_digest(val)}
+        ei = fingerprint("ei", ei_config or EIConfig(), *common, ei_data, ei_stage, **source)
         return sft, ei
 
     seen = [fingerprints()]

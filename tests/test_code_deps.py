@@ -271,6 +271,7 @@ def test_the_download_stage_imports_no_training_loop():
     assert not loaded & {
         "reasonrl.grpo",
         "reasonrl.sft",
+        "reasonrl.training",
         "reasonrl.rollouts.engine",
         "reasonrl.models",
         "reasonrl.losses",

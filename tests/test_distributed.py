@@ -18,10 +18,11 @@ from distributed_worker import CONFIG, STEP_SEED, odd_length_reward, train_quest
 from reasonrl.batching import split_microbatches
 from reasonrl.config import ConfigError, DistributedConfig, Params, from_dict, parse_yaml
 from reasonrl.distributed import SINGLE, Ranks, init_ranks
-from reasonrl.grpo import NonFiniteGuard, make_optimizer, optimizer_step, sample_metrics, score_rollouts
+from reasonrl.grpo import NonFiniteGuard, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
 from reasonrl.prompts import REWARD_FNS, load_prompt
-from reasonrl.sft import load_policy
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import load_policy
 
 TESTS = Path(__file__).resolve().parent
 
@@ -205,7 +206,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
     with torch.no_grad():
         old_log_probs = label_log_probs(policy, batch)
-    optimizer, guard = make_optimizer(policy, CONFIG), NonFiniteGuard(limit=0)
+    optimizer, guard = make_optimizer(policy, CONFIG, CONFIG.betas), NonFiniteGuard(limit=0)
     for step in range(CONFIG.batching.epochs_per_rollout_batch):
         loss, gradients = hand_written_step(policy, batch, advantages, old_log_probs)
         errors = [relative_difference(gradients, rank["gradients"][step]) for rank in ranks]

@@ -10,7 +10,6 @@ is rendered through the tiny tokenizer's chat template.
 import pytest
 import torch
 
-from reasonrl import expert_iteration
 from reasonrl.cli import open_live
 from reasonrl.config import EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig
 from reasonrl.data import parse_lines
@@ -18,8 +17,10 @@ from reasonrl.expert_iteration import run_expert_iteration
 from reasonrl.grpo import run_grpo
 from reasonrl.prompts import load_prompt
 from reasonrl.rollouts.engine import RolloutEngine
-from reasonrl.sft import Pair, load_policy, run_sft
+from reasonrl.sft import Pair, run_sft
 from reasonrl.synthetic import arithmetic_lines
+from reasonrl.training import checkpoints
+from reasonrl.training.policy import load_policy
 
 
 def keep_everything(response: str, truth: str) -> dict[str, float]:
@@ -147,16 +148,16 @@ def test_expert_iteration_resumed_after_a_crash_ends_as_an_uninterrupted_run(
         return policy, best
 
     expected, expected_best = run(tmp_path / "uninterrupted")
-    write = expert_iteration.write_checkpoint
+    write = checkpoints.write_checkpoint
 
     def write_then_crash(*args):
         write(*args)
         raise Crash
 
-    monkeypatch.setattr(expert_iteration, "write_checkpoint", write_then_crash)
+    monkeypatch.setattr(checkpoints, "write_checkpoint", write_then_crash)
     with pytest.raises(Crash):
         run(tmp_path / "resumed")
-    monkeypatch.setattr(expert_iteration, "write_checkpoint", write)
+    monkeypatch.setattr(checkpoints, "write_checkpoint", write)
     capsys.readouterr()
     resumed, resumed_best = run(tmp_path / "resumed")
     assert f"expert iteration: resuming from {tmp_path / 'resumed/checkpoints/step-000001'} (step 1)" in (

@@ -13,7 +13,7 @@ import torch
 from reasonrl.batching import sequence_lengths
 from reasonrl.code_deps import SOURCE
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
-from reasonrl.data import GSM8KExample
+from reasonrl.data import GSM8KExample, examples_digest
 from reasonrl.distributed import SINGLE, Mean
 from reasonrl.errors import UserError
 from reasonrl.grpo import (
@@ -24,17 +24,15 @@ from reasonrl.grpo import (
     TrainingState,
     accumulate_gradients,
     compute_old_log_probs,
-    fingerprint,
-    load_checkpoint,
-    resume,
+    grpo_checkpoints,
     rollout_metrics,
-    save_checkpoint,
     step_progress,
 )
 from reasonrl.prompts import REWARD_FNS
 from reasonrl.rollouts.types import DrawnRollouts, Sample
-from reasonrl.sft import BestCheckpoint
 from reasonrl.tokenization import batch_from_token_ids
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.checkpoints import fingerprint
 
 
 def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBatch:
@@ -191,9 +189,12 @@ def test_the_guard_state_survives_a_checkpoint(tiny_model, tmp_path):
     for step in (0, 1):
         guard.allows(step, {"loss": math.nan})
     state = TrainingState(step=2, skipped_steps=guard.skipped, consecutive_nonfinite=guard.consecutive)
-    save_checkpoint(tmp_path / "checkpoints", tiny_model, optimizer, state, BestCheckpoint(), live, "fingerprint")
+    checkpoints = grpo_checkpoints(
+        tmp_path / "checkpoints", "fingerprint", tiny_model, optimizer, BestCheckpoint(), live
+    )
+    checkpoints.save(state)
 
-    restored = load_checkpoint(tmp_path / "checkpoints/step-000002", tiny_model, optimizer, BestCheckpoint(), live)
+    restored = checkpoints.load(tmp_path / "checkpoints/step-000002")
     resumed = NonFiniteGuard(2, restored.skipped_steps, restored.consecutive_nonfinite)
     with pytest.raises(NonFiniteError, match="in 3 optimizer steps in a row"):
         resumed.allows(2, {"loss": math.nan})
@@ -261,7 +262,7 @@ def checkpoint_at(policy, directory: Path, step: int) -> Path:
     live = directory.parent / "live"
     live.mkdir(exist_ok=True)
     optimizer = torch.optim.AdamW(policy.parameters())
-    save_checkpoint(directory, policy, optimizer, TrainingState(step=step), BestCheckpoint(), live, "fingerprint")
+    grpo_checkpoints(directory, "fingerprint", policy, optimizer, BestCheckpoint(), live).save(TrainingState(step=step))
     return directory / f"step-{step:06d}"
 
 
@@ -273,8 +274,11 @@ def test_a_crafted_checkpoint_is_refused_before_anything_in_it_runs(tiny_model, 
     torch.save({"policy": RunsCommand(f"touch {marker}")}, checkpoint / "checkpoint.pt")
     before = {name: tensor.clone() for name, tensor in tiny_model.state_dict().items()}
     optimizer = torch.optim.AdamW(tiny_model.parameters())
+    checkpoints = grpo_checkpoints(
+        checkpoint.parent, "fingerprint", tiny_model, optimizer, BestCheckpoint(), tmp_path / "live"
+    )
     with pytest.raises(UserError) as refused:
-        load_checkpoint(checkpoint, tiny_model, optimizer, BestCheckpoint(), tmp_path / "live")
+        checkpoints.load(checkpoint)
     file = checkpoint / "checkpoint.pt"
     assert str(refused.value) == f"{file} refused: it holds more than tensors (loading it could run code)"
     assert not marker.exists()
@@ -305,9 +309,9 @@ def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_pat
         torch.save({"policy": RunsCommand(f"touch {marker}")}, bad)
     capsys.readouterr()
 
-    state = resume(
+    state = grpo_checkpoints(
         directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
-    )
+    ).resume()
     skipped, resumed = capsys.readouterr().out.splitlines()
     assert skipped.startswith(f"GRPO: {bad} ") and skipped.endswith("; trying the previous checkpoint")
     assert resumed == f"GRPO: resuming from {directory / 'step-000002'} (step 2)"
@@ -317,9 +321,9 @@ def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_pat
     assert not marker.exists()
 
     os.truncate(directory / "step-000002/checkpoint.pt", 1000)
-    state = resume(
+    state = grpo_checkpoints(
         directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
-    )
+    ).resume()
     (skipped,) = capsys.readouterr().out.splitlines()
     assert skipped.startswith(f"GRPO: {directory / 'step-000002/checkpoint.pt'} cannot be read (")
     assert skipped.endswith("; starting afresh")
@@ -365,8 +369,9 @@ def test_the_fingerprint_covers_the_prompt_templates_the_code_the_libraries_and_
     (model / "config.json").write_text("{}")
 
     def current(device: str = "cpu") -> str:
-        inputs = GRPOConfig(), EvalConfig(), EngineConfig(), model, [], [], None, device
-        return fingerprint(*inputs, stage=tmp_path / "stages/grpo.py", source=tmp_path / "src")
+        data = {"train": examples_digest([]), "val": examples_digest([])}
+        inputs = GRPOConfig(), EvalConfig(), EngineConfig(), model, data
+        return fingerprint("grpo", *inputs, tmp_path / "stages/grpo.py", device, source=tmp_path / "src")
 
     def edit(relative: str) -> None:
         with (tmp_path / relative).open("a", encoding="utf-8") as stream:

@@ -17,9 +17,11 @@ from reasonrl.data import parse_lines
 from reasonrl.grpo import run_grpo
 from reasonrl.models import tokenizer_corpus
 from reasonrl.rollouts.engine import RolloutEngine
-from reasonrl.sft import Pair, load_policy, make_optimizer, save_policy, sft_steps
+from reasonrl.sft import Pair, sft_schedule, sft_steps
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import load_policy, save_policy
 
 pytestmark = pytest.mark.slow
 QUESTIONS = 32  # a fixed pool, seen every step: the rise measures learning, not which questions were drawn
@@ -47,7 +49,7 @@ def partly_trained_model(tmp_path_factory, arithmetic):
     # question_only answers end with EOS (there is no closing tag to stop at)
     pairs = [Pair(p.question, f" {p.reasoning}\n#### {p.answer}{tokenizer.eos_token}") for p in problems]
     config = SFTConfig(learning_rate=2e-3, batch_size=32, microbatch_size=32)
-    optimizer, schedule = make_optimizer(model, config, total_steps=SFT_STEPS)
+    optimizer, schedule = make_optimizer(model, config), sft_schedule(config, total_steps=SFT_STEPS)
     for _ in sft_steps(model, tokenizer, optimizer, schedule, pairs, config, epochs=4, max_steps=SFT_STEPS):
         pass
     path = tmp_path_factory.mktemp("arithmetic_sft")

@@ -22,15 +22,16 @@ from transformers import AutoModelForCausalLM
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.grpo import TrainingState, resume, run_grpo, save_checkpoint
+from reasonrl.grpo import TrainingState, grpo_checkpoints, run_grpo
 from reasonrl.presets import apply_to_file, load_preset
 from reasonrl.rollouts.drawing import draw_rollouts, step_seed
 from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.rollouts.sources import in_flight_versions
 from reasonrl.rollouts.types import StepRollouts
-from reasonrl.sft import BestCheckpoint, load_policy
 from reasonrl.synthetic import arithmetic_lines
 from reasonrl.tiny_model import build_tiny_model
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.policy import load_policy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -282,16 +283,17 @@ def checkpoint_in_flight(policy, directory: Path, step: int, drawn, versions: di
     live = directory.parent / "live"
     live.mkdir(exist_ok=True)
     optimizer = torch.optim.AdamW(policy.parameters())
-    save_checkpoint(directory, policy, optimizer, state, BestCheckpoint(), live, "fingerprint")
+    grpo_checkpoints(directory, "fingerprint", policy, optimizer, BestCheckpoint(), live).save(state)
     return directory / f"step-{step:06d}"
 
 
 def resume_async(policy, directory: Path, capsys) -> tuple[TrainingState, list[str]]:
     capsys.readouterr()
     optimizer = torch.optim.AdamW(policy.parameters())
-    state = resume(
+    checkpoints = grpo_checkpoints(
         directory, "fingerprint", policy, optimizer, BestCheckpoint(), directory.parent / "live", config=ASYNC
     )
+    state = checkpoints.resume()
     return state, capsys.readouterr().out.splitlines()
 
 

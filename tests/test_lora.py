@@ -11,7 +11,10 @@ from transformers import AutoModelForCausalLM
 from reasonrl.config import ConfigError, EngineConfig, GRPOConfig, SFTConfig
 from reasonrl.lora import adapters_disabled, check_lora_targets, merged_weights, trainable_parameters
 from reasonrl.memory import ModelShape, plan_memory
-from reasonrl.sft import BestCheckpoint, load_policy, make_optimizer, save_policy, sft_steps
+from reasonrl.sft import sft_schedule, sft_steps
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.policy import load_policy, save_policy
 
 LORA = SFTConfig(lora_rank=4, learning_rate=1e-2, warmup_ratio=0.0, batch_size=4, microbatch_size=2)
 
@@ -26,7 +29,7 @@ def trained_lora_policy(model_dir, config=LORA, steps=3, gradient_checkpointing=
     policy, tokenizer = load_policy(
         model_dir, torch.device("cpu"), gradient_checkpointing=gradient_checkpointing, lora=config.lora
     )
-    optimizer, schedule = make_optimizer(policy, config, steps)
+    optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, steps)
     metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=steps))
     return policy, tokenizer, metrics
 

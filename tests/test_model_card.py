@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from reasonrl.config import EngineConfig, Params, from_dict, load_params
 from reasonrl.model_card import changed_params, git_commit, render_card, route_sections
 from reasonrl.models import MODEL_CARD, model_digest, validate_model_dir
-from reasonrl.sft import BestCheckpoint, save_policy
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.policy import save_policy
 
 CHANGED = {
     "model": {"name": "tiny"},

@@ -13,7 +13,7 @@ from reasonrl.cot_filter import make_sft_pairs
 from reasonrl.data import GSM8KExample
 from reasonrl.errors import ConfigError
 from reasonrl.prompts import REWARD_FNS, PromptError, check_prompt, load_prompt, parse_prompt
-from reasonrl.sft import start_training
+from reasonrl.training.policy import start_training
 
 QUESTION = "Tom has {x} = 3 apples and buys 4 more. How many?"
 

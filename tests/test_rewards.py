@@ -198,12 +198,14 @@ def tree(tmp_path):
 
 
 def grpo_fingerprint(tree: Path, spec: str) -> str:
-    from reasonrl.grpo import fingerprint
+    from reasonrl.data import examples_digest
+    from reasonrl.training.checkpoints import fingerprint
 
     rewards = {"r1_zero": spec, "question_only": "question_only"}
+    data = {"train": examples_digest([]), "val": examples_digest([])}
     return fingerprint(
-        GRPOConfig(), EvalConfig(), EngineConfig(), tree / "model", [], [], None, "cpu",
-        tree / "stages/grpo.py", tree / "src", rewards,
+        "grpo", GRPOConfig(), EvalConfig(), EngineConfig(), tree / "model", data,
+        tree / "stages/grpo.py", "cpu", rewards, source=tree / "src",
     )  # fmt: skip
 
 
@@ -233,7 +235,7 @@ def test_the_stages_that_grade_depend_on_the_rewards_package_and_params(full_sca
 
 def test_a_models_card_names_the_users_reward(params_file, tmp_path):
     from reasonrl.model_card import render_card
-    from reasonrl.sft import BestCheckpoint
+    from reasonrl.training.best import BestCheckpoint
 
     (tmp_path / "train.jsonl").write_text("")
     params = load_params(with_rewards(params_file, r1_zero=TOLERANT))

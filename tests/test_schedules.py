@@ -1,23 +1,18 @@
 """Learning-rate schedules (issue 23): each schedule's rate per optimizer step against hand-computed values, SFT's and
 GRPO's use of them, the composition with a short step's scaling, and a resumed GRPO run continuing the sequence."""
 
+import copy
 import math
 
 import pytest
 import torch
 
 from reasonrl.config import GRPOConfig, SFTConfig
-from reasonrl.grpo import (
-    NonFiniteGuard,
-    TrainingState,
-    optimizer_step,
-    resume,
-    save_checkpoint,
-    scheduled_learning_rate,
-    set_learning_rate,
-)
+from reasonrl.grpo import NonFiniteGuard, TrainingState, grpo_checkpoints, optimizer_step, scheduled_learning_rate
 from reasonrl.schedules import learning_rate_factor
-from reasonrl.sft import BestCheckpoint, make_optimizer
+from reasonrl.sft import Pair, sft_schedule, sft_steps
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.optimizer import make_optimizer, set_learning_rate
 
 # 10 optimizer steps, 2 of warm-up (0.5, then the peak at its last step), then 8 of decay at progress (s - 2) / 8.
 HAND_COMPUTED = {
@@ -48,26 +43,56 @@ def test_no_warmup_and_constant_is_the_peak_rate_at_every_step():
 
 
 def test_sft_steps_follow_the_schedule_and_the_default_keeps_the_old_warmup():
-    """SFT's ``LambdaLR``: the rate each step trains at (what ``sft_steps`` logs) over 10 steps with a 20% warm-up;
-    and the default (constant, 5%) is the former warm-up-then-constant rule min(1, (s + 1) / warmup)."""
-    policy = torch.nn.Linear(2, 2)
+    """SFT's schedule: the rate each step trains at over 10 steps with a 20% warm-up; and the default (constant, 5%)
+    is the former warm-up-then-constant rule min(1, (s + 1) / warmup)."""
     config = SFTConfig(learning_rate=0.1, warmup_ratio=0.2, lr_schedule="linear", batch_size=4, microbatch_size=2)
-    optimizer, schedule = make_optimizer(policy, config, total_steps=10)
-    rates = []
-    for _ in range(10):
-        rates.append(schedule.get_last_lr()[0])
-        optimizer.step()
-        schedule.step()
+    rates = [sft_schedule(config, total_steps=10).rate(step) for step in range(10)]
     assert rates == pytest.approx([0.1 * factor for factor in HAND_COMPUTED["linear"]])
 
     default = SFTConfig(learning_rate=0.1)
-    optimizer, schedule = make_optimizer(policy, default, total_steps=100)
-    rates = []
-    for _ in range(100):
-        rates.append(schedule.get_last_lr()[0])
-        optimizer.step()
-        schedule.step()
+    rates = [sft_schedule(default, total_steps=100).rate(step) for step in range(100)]
     assert rates == pytest.approx([0.1 * min(1.0, (step + 1) / 5) for step in range(100)])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "warmup_ratio", "total_steps"), [("cosine", 0.2, 10), ("linear", 0.08, 40), ("constant", 0.05, 7)]
+)
+def test_sft_rates_are_bit_for_bit_those_of_lambdalr(schedule, warmup_ratio, total_steps):
+    """The rate set before each step is, to the bit, what ``torch.optim.lr_scheduler.LambdaLR`` over
+    :func:`learning_rate_factor` gave that step (``base_lr * factor(step)``: ``factor(0)`` from its construction,
+    ``factor(n)`` after its ``n``-th ``step()``), SFT's mechanism before the rate was a function of the step."""
+    config = SFTConfig(learning_rate=3e-3, warmup_ratio=warmup_ratio, lr_schedule=schedule)
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=config.learning_rate)
+    warmup = round(warmup_ratio * total_steps)
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate_factor(schedule, step, total_steps, warmup)
+    )
+    expected = []
+    for _ in range(total_steps):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        lambda_lr.step()
+    assert [sft_schedule(config, total_steps).rate(step) for step in range(total_steps)] == expected
+
+
+def test_sft_steps_train_and_log_at_the_scheduled_rate(tiny_model, tiny_tokenizer):
+    """Each optimizer step of ``sft_steps`` runs at the schedule's rate of its index, and logs it."""
+    pairs = [Pair(f"User: {n} plus 1?\nAssistant: <think>", f" {n + 1} </think>") for n in range(8)]
+    config = SFTConfig(learning_rate=0.1, warmup_ratio=0.5, lr_schedule="cosine", batch_size=2, microbatch_size=2)
+    schedule, policy = sft_schedule(config, 4), copy.deepcopy(tiny_model).train()
+    optimizer = make_optimizer(policy, config)
+    set_rates = []
+    step = optimizer.step
+
+    def recording_step(*args, **kwargs):
+        set_rates.append(optimizer.param_groups[0]["lr"])
+        return step(*args, **kwargs)
+
+    optimizer.step = recording_step
+    logged = [
+        m["train/learning_rate"] for m in sft_steps(policy, tiny_tokenizer, optimizer, schedule, pairs, config, 1)
+    ]
+    assert logged == set_rates == [schedule.rate(step) for step in range(4)]
 
 
 # 5 GRPO steps × 2 epochs × 2 train batches per rollout batch = 20 optimizer steps.
@@ -130,9 +155,10 @@ def test_a_resumed_run_continues_the_same_rate_sequence(tiny_model, tmp_path):
     optimizer = torch.optim.AdamW(tiny_model.parameters(), lr=config.optimizer.learning_rate)
     set_learning_rate(optimizer, scheduled_learning_rate(config, 2, 1, 1))  # the last step before the checkpoint
     state = TrainingState(step=3, optimizer_steps=12)
-    save_checkpoint(tmp_path / "checkpoints", tiny_model, optimizer, state, BestCheckpoint(), live, "fingerprint")
+    directory = tmp_path / "checkpoints"
+    grpo_checkpoints(directory, "fingerprint", tiny_model, optimizer, BestCheckpoint(), live).save(state)
 
     restored = torch.optim.AdamW(tiny_model.parameters(), lr=config.optimizer.learning_rate)
-    resumed = resume(tmp_path / "checkpoints", "fingerprint", tiny_model, restored, BestCheckpoint(), live)
+    resumed = grpo_checkpoints(directory, "fingerprint", tiny_model, restored, BestCheckpoint(), live).resume()
     assert (resumed.step, resumed.optimizer_steps) == (3, 12)
     assert grpo_rates(config, first_step=resumed.step) == grpo_rates(config)[12:]

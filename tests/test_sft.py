@@ -10,7 +10,8 @@ from reasonrl.data import GSM8KExample
 from reasonrl.expert_iteration import correct_pairs
 from reasonrl.grading import r1_zero_reward_fn
 from reasonrl.rollouts.types import Sample
-from reasonrl.sft import Pair, make_optimizer, sft_steps
+from reasonrl.sft import Pair, sft_schedule, sft_steps
+from reasonrl.training.optimizer import make_optimizer
 
 PAIRS = [
     Pair(
@@ -31,12 +32,12 @@ def target_log_prob(policy, tokenizer) -> float:
 
 
 def test_sft_lowers_loss_and_raises_target_log_prob(tiny_model_dir):
-    from reasonrl.sft import load_policy
+    from reasonrl.training.policy import load_policy
 
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     config = SFTConfig(learning_rate=3e-3, warmup_ratio=0.0, batch_size=4, microbatch_size=2, epochs=30)
     before = target_log_prob(policy, tokenizer)
-    optimizer, schedule = make_optimizer(policy, config, total_steps=30)
+    optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, total_steps=30)
     metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=30))
     after = target_log_prob(policy, tokenizer)
 
@@ -72,7 +73,7 @@ UNEQUAL_PAIRS = [
 )
 def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatch_size, microbatch_tokens):
     """Whatever the microbatch split, one step's gradient is that of the batch's per-token mean NLL (fp32, 1e-6)."""
-    from reasonrl.sft import load_policy
+    from reasonrl.training.policy import load_policy
 
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     batch = tokenize_prompt_and_output(
@@ -94,8 +95,7 @@ def test_sft_step_is_the_per_token_mean_over_the_batch(tiny_model_dir, microbatc
         batch_size=4, microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens, max_grad_norm=1e9
     )
     recorder = GradientRecorder(policy.parameters(), lr=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(recorder, lambda step: 1.0)
-    list(sft_steps(policy, tokenizer, recorder, schedule, UNEQUAL_PAIRS, config, epochs=1))
+    list(sft_steps(policy, tokenizer, recorder, sft_schedule(config, 1), UNEQUAL_PAIRS, config, epochs=1))
     flat_expected = torch.cat([g.flatten() for g in expected])
     flat_actual = torch.cat([g.flatten() for g in recorder.gradients])
     relative = ((flat_actual - flat_expected).norm() / flat_expected.norm()).item()

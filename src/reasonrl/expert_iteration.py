@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
-from reasonrl.checkpoints import read_state, read_tensors, restore_live, run_fingerprint, write_checkpoint
-from reasonrl.checkpoints import resume as resume_from
-from reasonrl.code_deps import SOURCE, STAGES, code_digest
+from reasonrl.code_deps import STAGES
 from reasonrl.data import examples_digest
-from reasonrl.models import model_digest
 from reasonrl.prompts import RewardFn, load_prompt
-from reasonrl.rewards import prompt_reward, reward_identity
+from reasonrl.rewards import prompt_reward
 from reasonrl.rollouts.drawing import sample_groups, step_seed
-from reasonrl.sft import BestCheckpoint, Pair, count_steps, log_validation, make_optimizer, sft_steps, validate
+from reasonrl.sft import Pair, count_steps, sft_schedule, sft_steps
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.cadence import is_checkpoint_step
+from reasonrl.training.checkpoints import RunCheckpoints, fingerprint
+from reasonrl.training.optimizer import make_optimizer
+from reasonrl.training.validation import log_validation, validate
 
 if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import EIConfig, EngineConfig, EvalConfig
+    from reasonrl.config import EIConfig, EvalConfig
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.types import Sample
@@ -60,46 +60,6 @@ class EIState:
     best_interval: dict[str, Any] | None = None
 
 
-def ei_fingerprint(
-    config: EIConfig,
-    eval_config: EvalConfig,
-    engine_config: EngineConfig,
-    init_model_dir: str | Path,
-    train: list[GSM8KExample],
-    val: list[GSM8KExample],
-    training_device: str = "cpu",
-    stage: Path = EI_STAGE,
-    source: Path = SOURCE,
-    rewards: Mapping[str, str] | None = None,
-) -> str:
-    """The inputs an expert-iteration checkpoint was made from, by the rules of GRPO's
-    (:func:`reasonrl.grpo.fingerprint`), the reward that filters the rollouts and grades validation among them.
-    Other inputs → not resumed."""
-    identity = {
-        "ei": dataclasses.asdict(config),
-        "eval": dataclasses.asdict(eval_config),
-        "rollout": dataclasses.asdict(engine_config),
-        "init_model": model_digest(init_model_dir),
-        "train": examples_digest(train),
-        "val": examples_digest(val),
-        "code": code_digest(stage, source),
-        "reward": reward_identity(config.prompt, rewards, source.parent),
-    }
-    return run_fingerprint(identity, training_device)
-
-
-def load_ei_checkpoint(path: Path, policy: PreTrainedModel, best: BestCheckpoint, live_dir: Path) -> EIState:
-    """Read the whole checkpoint, then restore it (a checkpoint that cannot be read restores nothing)."""
-    _, state = read_state(path, EIState)
-    saved = read_tensors(path, ("policy", "best"))
-    policy.load_state_dict(saved["policy"])
-    torch.set_rng_state(saved["torch_rng"])
-    best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
-    best.state_dict = saved["best"]
-    restore_live(path, live_dir)
-    return state
-
-
 def run_expert_iteration(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -119,24 +79,20 @@ def run_expert_iteration(
     rollouts and the validation (None: the prompt's built-in).
 
     A resumable checkpoint (the weights, the best round's, the curves) goes to ``checkpoint_dir`` after every round
-    but the last; a rerun continues from the newest one made from the same inputs (:func:`ei_fingerprint`). Every
-    draw is a function of the seed and the round (questions, samples, data order, validation), so a round cut short
-    by a crash is replayed as it would have run. The checkpoints stay after a completed run: call
-    :func:`reasonrl.checkpoints.remove_checkpoints` once the outputs are saved."""
+    but the last; a rerun continues from the newest one made from the same inputs
+    (:func:`reasonrl.training.checkpoints.fingerprint`: the reward that filters the rollouts and grades validation
+    among them). Every draw is a function of the seed and the round (questions, samples, data order, validation), so
+    a round cut short by a crash is replayed as it would have run. The checkpoints stay after a completed run: call
+    :func:`reasonrl.training.checkpoints.remove_checkpoints` once the outputs are saved."""
     prompt, reward_fn = load_prompt(config.prompt), prompt_reward(config.prompt, rewards)
     question_rng = random.Random(config.seed)
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
-    fingerprint = ei_fingerprint(
-        config, eval_config, engine.config, init_model_dir, train, val, device, rewards=rewards
-    )
-    state = resume_from(
-        checkpoint_dir,
-        fingerprint,
-        "expert iteration",
-        lambda path: load_ei_checkpoint(path, policy, best, live_dir),
-        EIState(),
-    )
+    data = {"train": examples_digest(train), "val": examples_digest(val)}
+    inputs = fingerprint("ei", config, eval_config, engine.config, init_model_dir, data, EI_STAGE, device, rewards)
+    # No optimizer: each round makes its own.
+    checkpoints = RunCheckpoints(checkpoint_dir, inputs, "expert iteration", EIState, policy, None, best, live_dir)
+    state = checkpoints.resume()
     for _ in range(state.step):  # the rounds done drew their questions from the same stream
         question_rng.sample(train, min(config.questions_per_step, len(train)))
     rounds = tqdm(
@@ -164,7 +120,7 @@ def run_expert_iteration(
             # Fine-tune on the kept pairs; a round that kept nothing has nothing to learn from.
             if kept:
                 total = count_steps(len(kept), config.batch_size, config.sft_epochs)
-                optimizer, schedule = make_optimizer(policy, config, total)
+                optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, total)
                 step_metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, kept, config, config.sft_epochs))
                 for name in ("train/loss", "train/entropy", "train/grad_norm", "time/tokens_per_second"):
                     live.log_metric(name, sum(m[name] for m in step_metrics) / len(step_metrics))
@@ -181,8 +137,6 @@ def run_expert_iteration(
             best.offer(policy, val_metrics["accuracy"], round_index, interval=val_metrics["accuracy_interval"])
             live.next_step()
             state.step = round_index
-            state.best_accuracy, state.best_step, state.best_interval = best.accuracy, best.step, best.interval
-            if round_index < config.n_steps:
-                tensors = {"policy": policy.state_dict(), "best": best.state_dict}
-                write_checkpoint(checkpoint_dir, round_index, tensors, state, live_dir, fingerprint)
+            if is_checkpoint_step(round_index, 1, config.n_steps):
+                checkpoints.save(state)
     return best

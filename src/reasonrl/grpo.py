@@ -15,28 +15,16 @@ import functools
 import hashlib
 import json
 import random
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tqdm import tqdm
 
 from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
-from reasonrl.checkpoints import (
-    STATE_FILE,
-    TENSORS_FILE,
-    CheckpointError,
-    read_state,
-    read_tensors,
-    restore_live,
-    write_checkpoint,
-)
-from reasonrl.checkpoints import resume as resume_from
-from reasonrl.checkpoints import run_fingerprint as inputs_fingerprint
-from reasonrl.code_deps import SOURCE, STAGES, code_digest
+from reasonrl.code_deps import STAGES
 from reasonrl.data import examples_digest
 from reasonrl.distributed import (
     SINGLE,
@@ -47,12 +35,10 @@ from reasonrl.distributed import (
     full_tensor,
     gradient_sync,
     inference_context,
-    load_training_state,
-    training_state,
     wrap_for_training,
 )
 from reasonrl.errors import UserError
-from reasonrl.lora import adapters_disabled, trainable_parameters
+from reasonrl.lora import adapters_disabled
 from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.losses import (
     compute_group_normalized_rewards,
@@ -60,20 +46,30 @@ from reasonrl.losses import (
     masked_mean,
     rollout_importance_weights,
 )
-from reasonrl.models import compute_precision, model_digest
-from reasonrl.rewards import prompt_reward, reward_identity
+from reasonrl.models import compute_precision
+from reasonrl.rewards import prompt_reward
 from reasonrl.rollouts.drawing import draw_rollouts, step_seed, wants_engine_log_probs
 from reasonrl.rollouts.sources import in_flight_versions, open_rollouts
 from reasonrl.rollouts.types import StepRollouts
-from reasonrl.schedules import learning_rate_factor
-from reasonrl.sft import BestCheckpoint, log_validation, validate
 from reasonrl.tokenization import batch_from_token_ids
+from reasonrl.training.best import BestCheckpoint
+from reasonrl.training.cadence import is_checkpoint_step, is_eval_step, is_keep_step
+from reasonrl.training.checkpoints import (
+    STATE_FILE,
+    TENSORS_FILE,
+    CheckpointError,
+    RunCheckpoints,
+    fingerprint,
+)
+from reasonrl.training.optimizer import LearningRateSchedule, make_optimizer, scaled_learning_rate, set_learning_rate
+from reasonrl.training.timers import PhaseTimer
+from reasonrl.training.validation import log_validation, validate
 
 if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import DistributedConfig, EngineConfig, EvalConfig, GRPOConfig, Precision
+    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.process import RolloutProcess
@@ -221,11 +217,6 @@ def sample_metrics(
 
 
 # ---------------------------------------------------------------------------------------------------- rollout sources
-def is_eval_step(config: GRPOConfig, step: int) -> bool:
-    """Whether the loop validates the policy after ``step`` GRPO steps: every ``eval_every`` steps, and at the end."""
-    return step % config.eval_every == 0 or step == config.n_grpo_steps
-
-
 def grpo_rollouts(
     engine: RolloutEngine | RolloutProcess,
     policy: PreTrainedModel,
@@ -248,7 +239,8 @@ def grpo_rollouts(
     )  # fmt: skip
     return open_rollouts(
         engine, policy, draw, check, seed=config.seed, max_staleness=config.max_staleness,
-        n_steps=config.n_grpo_steps, validates=functools.partial(is_eval_step, config),
+        n_steps=config.n_grpo_steps,
+        validates=functools.partial(is_eval_step, eval_every=config.eval_every, total_steps=config.n_grpo_steps),
     )  # fmt: skip
 
 
@@ -416,16 +408,6 @@ def frozen_reference(policy: PreTrainedModel, config: GRPOConfig) -> PreTrainedM
     return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
-def make_optimizer(policy: PreTrainedModel, config: GRPOConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        trainable_parameters(policy),
-        lr=config.learning_rate,
-        betas=tuple(config.betas),
-        weight_decay=config.weight_decay,
-        fused=next(policy.parameters()).is_cuda,  # one kernel for all parameters (GPU-only)
-    )
-
-
 def optimizer_step(
     policy: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -466,26 +448,10 @@ def scheduled_learning_rate(config: GRPOConfig, step: int, epoch: int, train_bat
     schedule still ends with the run. :func:`optimizer_step` scales it by a short batch's share."""
     per_epoch = config.rollout_batch_size // config.train_batch_size
     place = (step * config.epochs_per_rollout_batch + epoch) * per_epoch + train_batch
-    factor = learning_rate_factor(config.lr_schedule, place, config.total_optimizer_steps, config.warmup_steps)
-    return config.learning_rate * factor
-
-
-def set_learning_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = rate
-
-
-@contextlib.contextmanager
-def scaled_learning_rate(optimizer: torch.optim.Optimizer, factor: float) -> Iterator[None]:
-    """Every parameter group's learning rate times ``factor``, for one ``optimizer.step()``."""
-    rates = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] *= factor
-    try:
-        yield
-    finally:
-        for group, rate in zip(optimizer.param_groups, rates, strict=True):
-            group["lr"] = rate
+    schedule = LearningRateSchedule(
+        config.learning_rate, config.lr_schedule, config.total_optimizer_steps, config.warmup_steps
+    )
+    return schedule.rate(place)
 
 
 def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig, ranks: Ranks = SINGLE) -> bool:
@@ -502,39 +468,6 @@ def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig
 
 # ---------------------------------------------------------------------------------------------------------- checkpoints
 GRPO_STAGE = STAGES / "grpo.py"
-
-
-def fingerprint(
-    config: GRPOConfig,
-    eval_config: EvalConfig,
-    engine_config: EngineConfig,
-    init_model_dir: str | Path,
-    train: list[GSM8KExample],
-    val: list[GSM8KExample],
-    distributed: DistributedConfig | None = None,
-    training_device: str = "cpu",
-    stage: Path = GRPO_STAGE,
-    source: Path = SOURCE,
-    rewards: Mapping[str, str] | None = None,
-) -> str:
-    """Identifies the inputs a checkpoint was made from: the params (the ranks' world among them: each samples
-    its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite the same
-    directory), the data, the code the stage runs (``stage``, the package modules it imports from ``source`` and the
-    prompt templates, by content), the reward that grades ``config.prompt`` (``rewards``: its spec and, for a
-    user's, the tree's ``rewards/`` package by content), and what :func:`reasonrl.checkpoints.run_fingerprint` adds
-    (library versions, CPU threads). Other inputs → not resumed."""
-    identity = {
-        "grpo": asdict(config),
-        "eval": asdict(eval_config),
-        "rollout": asdict(engine_config),
-        "distributed": None if distributed is None or distributed.world_size == 1 else asdict(distributed),
-        "init_model": model_digest(init_model_dir),
-        "train": examples_digest(train),
-        "val": examples_digest(val),
-        "code": code_digest(stage, source),
-        "reward": reward_identity(config.prompt, rewards, source.parent),
-    }
-    return inputs_fingerprint(identity, training_device)
 
 
 @dataclass
@@ -569,7 +502,7 @@ def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOC
     """Checkpoint ``path``'s rollouts in flight, parsed, once checked against ``digest`` and against what a run of
     ``config`` (None: nothing in flight) holds after ``state.step`` steps
     (:func:`reasonrl.rollouts.sources.in_flight_versions`: the rollouts of older versions held, those of the
-    checkpoint's own to request); anything else raises :class:`reasonrl.checkpoints.CheckpointError`."""
+    checkpoint's own to request); anything else raises :class:`reasonrl.training.checkpoints.CheckpointError`."""
     file = path / STATE_FILE
     saved = {"in_flight": state.in_flight, "to_request": state.to_request}
     if in_flight_digest(saved) != digest:
@@ -592,52 +525,23 @@ def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOC
     return in_flight
 
 
-def save_checkpoint(
-    directory: Path,
-    policy: PreTrainedModel,
-    optimizer: torch.optim.Optimizer,
-    state: TrainingState,
-    best: BestCheckpoint,
-    live_dir: Path,
-    run_fingerprint: str,
-    ranks: Ranks = SINGLE,
-) -> None:
-    """Rank 0 writes the checkpoint (:func:`reasonrl.checkpoints.write_checkpoint`), with full state dicts
-    (gathered from every rank under FSDP2)."""
-    policy_state, optimizer_state = training_state(policy, optimizer, ranks)
-    if not ranks.is_main:
-        return
-    tensors = {"policy": policy_state, "optimizer": optimizer_state, "best": best.state_dict}
-    tensors["in_flight_digest"] = in_flight_digest(asdict(state))
-    write_checkpoint(directory, state.step, tensors, state, live_dir, run_fingerprint)
+@dataclass(frozen=True)
+class InFlightRollouts:
+    """GRPO's own part of its checkpoints: the rollouts in flight of the training state, with their digest
+    (:func:`in_flight_digest`) among the tensors; read back and checked against what a run of ``config`` holds
+    (:func:`parse_in_flight`; None: nothing in flight) before anything is restored."""
+
+    config: GRPOConfig | None = None
+    names: ClassVar[tuple[str, ...]] = ("in_flight_digest",)
+
+    def tensors(self, state: TrainingState) -> dict[str, Any]:
+        return {"in_flight_digest": in_flight_digest(asdict(state))}
+
+    def restore(self, path: Path, state: TrainingState, saved: dict[str, Any]) -> None:
+        state.in_flight = parse_in_flight(path, state, saved["in_flight_digest"], self.config)
 
 
-def load_checkpoint(
-    path: Path,
-    policy: PreTrainedModel,
-    optimizer: torch.optim.Optimizer,
-    best: BestCheckpoint,
-    live_dir: Path,
-    ranks: Ranks = SINGLE,
-    config: GRPOConfig | None = None,
-) -> TrainingState:
-    """Every rank loads the same checkpoint; rank 0 alone keeps the best weights and restores the curves. The whole
-    checkpoint is read and checked before anything is restored, the rollouts in flight of a run of ``config``
-    included (None: nothing in flight; see :func:`parse_in_flight`): one that cannot be read raises
-    :class:`reasonrl.checkpoints.CheckpointError` and leaves the policy and the optimizer as they were."""
-    _, state = read_state(path, TrainingState)
-    saved = read_tensors(path, ("policy", "optimizer", "best", "in_flight_digest"))
-    state.in_flight = parse_in_flight(path, state, saved["in_flight_digest"], config)
-    load_training_state(policy, optimizer, saved["policy"], saved["optimizer"], ranks)
-    torch.set_rng_state(saved["torch_rng"])
-    best.accuracy, best.step, best.interval = state.best_accuracy, state.best_step, state.best_interval
-    if ranks.is_main:
-        best.state_dict = saved["best"]
-        restore_live(path, live_dir)
-    return state
-
-
-def resume(
+def grpo_checkpoints(
     directory: Path,
     run_fingerprint: str,
     policy: PreTrainedModel,
@@ -646,18 +550,20 @@ def resume(
     live_dir: Path,
     ranks: Ranks = SINGLE,
     config: GRPOConfig | None = None,
-) -> TrainingState:
-    """Continue from the newest readable checkpoint in ``directory`` made from the same inputs
-    (:func:`reasonrl.checkpoints.resume`) by a run of ``config`` (see :func:`load_checkpoint`); else a fresh
-    state."""
-
-    def load(path: Path) -> TrainingState:
-        return load_checkpoint(path, policy, optimizer, best, live_dir, ranks, config)
-
-    return resume_from(directory, run_fingerprint, "GRPO", load, TrainingState(), ranks)
+) -> RunCheckpoints[TrainingState]:
+    """A GRPO run's checkpoints in ``directory`` (:class:`reasonrl.training.checkpoints.RunCheckpoints`), with its
+    rollouts in flight: resumed only by a run of ``config`` that holds those (None: nothing in flight)."""
+    parts = directory, run_fingerprint, "GRPO", TrainingState, policy, optimizer, best, live_dir, ranks
+    return RunCheckpoints(*parts, part=InFlightRollouts(config))
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
+STEP_PHASES = ("rollout", "weight_sync", "scoring", "old_log_prob", "train", "step", "engine")
+"""The phases of a GRPO step, timed and logged (``time/<phase>_seconds``) in this order. ``rollout``: lag 0 with
+waking the engine and loading the weights, lag ≥ 1 the wait for the step's rollouts; ``step``: the whole step;
+``engine``: the engine's own time on the step's rollouts, when it ran beside the trainer."""
+
+
 def step_progress(first: int, total: int, enabled: bool) -> tqdm:
     """The bar over GRPO steps ``first`` .. ``total - 1``, drawn as ``first``/``total`` at the start: after a resume
     tqdm's rate, and so its ETA, counts only the steps this run takes."""
@@ -682,9 +588,9 @@ def run_grpo(
     keep: Callable[[int, BestCheckpoint], None] | None = None,
 ) -> BestCheckpoint:
     """The GRPO loop, graded by ``rewards[config.prompt]`` (None: the prompt's built-in); resumes from the newest
-    checkpoint in ``checkpoint_dir`` made from the same inputs (see :func:`fingerprint`). The checkpoints stay after
-    a completed run: call :func:`reasonrl.checkpoints.remove_checkpoints` once the returned best and the final policy
-    are saved.
+    checkpoint in ``checkpoint_dir`` made from the same inputs (see :func:`reasonrl.training.checkpoints.fingerprint`).
+    The checkpoints stay after a completed run: call :func:`reasonrl.training.checkpoints.remove_checkpoints` once the
+    returned best and the final policy are saved.
 
     Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
     step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
@@ -696,13 +602,15 @@ def run_grpo(
     them; the loop's source stops the engine's process when the loop ends, or fails."""
     reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
-    optimizer = make_optimizer(policy, config)  # after wrapping: FSDP2 replaces the parameters by their shards
+    optimizer = make_optimizer(policy, config, config.betas)  # after wrapping: FSDP2 shards the parameters
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
+    data = {"train": examples_digest(train), "val": examples_digest(val)}
     run_fingerprint = fingerprint(
-        config, eval_config, engine.config, init_model_dir, train, val, distributed, device, rewards=rewards
+        "grpo", config, eval_config, engine.config, init_model_dir, data, GRPO_STAGE, device, rewards, distributed
     )
-    state = resume(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks, config)
+    checkpoints = grpo_checkpoints(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks, config)
+    state = checkpoints.resume()
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     if reference is policy:
         reference = trainer
@@ -719,8 +627,7 @@ def run_grpo(
             log_validation(live, metrics)
             live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
             live.log_metric("grpo_step", step)
-            if best.offer(policy, metrics["accuracy"], step, ranks.is_main, metrics["accuracy_interval"]):
-                state.best_accuracy, state.best_step, state.best_interval = best.accuracy, best.step, best.interval
+            best.offer(policy, metrics["accuracy"], step, ranks.is_main, metrics["accuracy_interval"])
             if ranks.is_main:
                 examples = [
                     {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
@@ -733,14 +640,14 @@ def run_grpo(
 
         progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
         for step in progress:
-            if is_eval_step(config, step):
+            if is_eval_step(step, config.eval_every, config.n_grpo_steps):
                 evaluate_and_log(step)
-            started = time.perf_counter()
+            timer = PhaseTimer(STEP_PHASES)
 
             # Rollouts: a group of samples per question, from the engine loaded with the policy of step - lag.
             step_rollouts = rollouts.batch(step)
             drawn = step_rollouts.drawn
-            rolled = time.perf_counter()
+            timer.lap("rollout")
 
             # Scoring: rewards, group-normalised advantages, training tensors.
             batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config, rewards)
@@ -750,7 +657,7 @@ def run_grpo(
             rollout["rollout/policy_lag"] = step - step_rollouts.version
             if config.dynamic_sampling:
                 rollout["rollout/dropped_groups"] = drawn.dropped_groups
-            scored = time.perf_counter()
+            timer.lap("scoring")
 
             # Old and reference log-probs, once per rollout batch, never differentiated.
             old_log_probs = ref_log_probs = importance_weights = None
@@ -770,7 +677,7 @@ def run_grpo(
                     old_log_probs, batch.engine_log_probs, batch.response_mask, config.rollout_is_cap
                 )
                 rollout |= {f"train/{name}": value.item() for name, value in corrections.items()}
-            recomputed = time.perf_counter()
+            timer.lap("old_log_prob")
 
             # Train: epochs over the rollout batch, one optimizer step per train batch.
             order_rng = random.Random(step_seed(config.seed, step))
@@ -794,35 +701,26 @@ def run_grpo(
                     live.step = state.optimizer_steps
                     for name, value in (metrics | rollout).items():
                         live.log_metric(name, value)
-            trained = time.perf_counter()
+            timer.lap("train")
 
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
             rollouts.advance(state.step)  # lag ≥ 1: the new weights to the engine, the next step's draw requested
-            advanced = time.perf_counter()
-            state.elapsed_seconds += advanced - started
-            timings = {
-                # Lag 0: with waking the engine and loading the weights; lag ≥ 1: the wait for the step's rollouts.
-                "time/rollout_seconds": rolled - started,
-                # Lag 0: waking the engine and loading the weights; lag 1: streaming them to the engine's process,
-                # which takes them once it has finished the draw it is on; lag ≥ 2: packing them aside for it.
-                "time/weight_sync_seconds": rollouts.sync_seconds,
-                "time/scoring_seconds": scored - rolled,
-                "time/old_log_prob_seconds": recomputed - scored,
-                "time/train_seconds": trained - recomputed,
-                "time/step_seconds": advanced - started,
-            }
+            state.elapsed_seconds += timer.total("step")
+            # Lag 0: waking the engine and loading the weights; lag 1: streaming them to the engine's process, which
+            # takes them once it has finished the draw it is on; lag ≥ 2: packing them aside for it.
+            timer.record("weight_sync", rollouts.sync_seconds)
             if step_rollouts.engine_seconds is not None:
-                timings["time/engine_seconds"] = step_rollouts.engine_seconds
-            for name, value in timings.items():
+                timer.record("engine", step_rollouts.engine_seconds)
+            for name, value in timer.metrics().items():
                 live.log_metric(name, value)
             live.log_metric("grpo_step", state.step)
             live.sync()
             progress.set_postfix(reward=f"{rollout['rollout/reward']:.3f}")
-            if keep is not None and config.keep_every and state.step % config.keep_every == 0:
+            if keep is not None and is_keep_step(state.step, config.keep_every):
                 keep(state.step, best)
-            if state.step % config.checkpoint_every == 0 and state.step < config.n_grpo_steps:
+            if is_checkpoint_step(state.step, config.checkpoint_every, config.n_grpo_steps):
                 state.in_flight, state.to_request = rollouts.in_flight(state.step)
-                save_checkpoint(checkpoint_dir, policy, optimizer, state, best, live_dir, run_fingerprint, ranks)
+                checkpoints.save(state)
 
         evaluate_and_log(state.step)
     return best

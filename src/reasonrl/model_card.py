@@ -17,7 +17,7 @@ from reasonrl.markdown import code, md_inline
 from reasonrl.routes import ROUTE, start_model
 
 if TYPE_CHECKING:
-    from reasonrl.sft import BestCheckpoint
+    from reasonrl.training.best import BestCheckpoint
 
 
 def route_sections(params: Params, route: str) -> list[str]:

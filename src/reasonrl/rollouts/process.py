@@ -58,7 +58,8 @@ class Setup:
     draw: Callable[..., DrawnRollouts]
     """``draw(engine, step_seed=...)``: a step's rollouts (:func:`reasonrl.rollouts.drawing.draw_rollouts`)."""
     validate: Callable[..., EvalResult]
-    """``validate(engine, None)``: validation of the loaded weights (:func:`reasonrl.sft.validate`)."""
+    """``validate(engine, None)``: validation of the loaded weights
+    (:func:`reasonrl.training.validation.validate`)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class Draw:
 
 @dataclass(frozen=True)
 class Validate:
-    """Validate the weights loaded last (:func:`reasonrl.sft.validate` on ``config.eval_examples`` questions)."""
+    """Validate the weights loaded last (:func:`reasonrl.training.validation.validate` on ``config.eval_examples``
+    questions)."""
 
 
 @dataclass(frozen=True)

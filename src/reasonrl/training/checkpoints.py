@@ -3,8 +3,10 @@
 A stage's checkpoints live in one directory outside DVC's outputs (``--checkpoints``), one ``step-NNNNNN``
 directory each: the run's fingerprint and its training state as JSON, its tensors for
 ``torch.load(weights_only=True)``, its DVCLive directory as files. A new checkpoint is on disk whole before the
-previous one goes; a rerun continues from the newest one made from the same inputs (:func:`run_fingerprint`) and
-starts afresh, saying so, from any other. The stage removes them once its outputs are saved.
+previous one goes; a rerun continues from the newest one made from the same inputs (:func:`fingerprint`) and
+starts afresh, saying so, from any other. The stage removes them once its outputs are saved. What one holds
+(:class:`RunCheckpoints`): the route's training state, the policy, its optimizer, the best weights, torch's RNG, the
+curves, and what a route adds of its own (GRPO: its rollouts in flight).
 
 The policies a stage keeps for later (``--kept``) live outside DVC's outputs too, in :func:`kept_directory`.
 """
@@ -20,16 +22,24 @@ import pickle
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import torch
 from tqdm import tqdm
 
 from reasonrl.atomic import atomic_directory, exclusive_lock, fsync_path, fsync_tree, remove_temporaries
-from reasonrl.distributed import SINGLE, Ranks
+from reasonrl.code_deps import SOURCE, code_digest
+from reasonrl.distributed import SINGLE, Ranks, load_training_state, training_state
 from reasonrl.errors import UserError
+from reasonrl.models import model_digest
+from reasonrl.rewards import reward_identity
+from reasonrl.training.best import BestCheckpoint, HasBest
+
+if TYPE_CHECKING:
+    from reasonrl.config import DistributedConfig, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig
 
 CHECKPOINT_PREFIX = "step-"
 STATE_FILE, TENSORS_FILE = "state.json", "checkpoint.pt"
@@ -41,11 +51,14 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be read: cut short, not written by this code, or holding more than tensors."""
 
 
-class HasStep(Protocol):
+class RunState(HasBest, Protocol):
+    """A route's training state, as its checkpoints save it (a dataclass): the steps taken and the best checkpoint's
+    figures."""
+
     step: int
 
 
-State = TypeVar("State", bound=HasStep)
+State = TypeVar("State", bound=RunState)
 
 
 def library_versions() -> dict[str, str]:
@@ -66,6 +79,38 @@ def run_fingerprint(identity: dict[str, Any], training_device: str) -> str:
         "cpu_threads": torch.get_num_threads() if training_device == "cpu" else None,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint(
+    section: str,
+    config: SFTConfig | EIConfig | GRPOConfig,
+    eval_config: EvalConfig,
+    engine_config: EngineConfig,
+    init_model_dir: str | Path,
+    data: Mapping[str, str],
+    stage: Path,
+    training_device: str = "cpu",
+    rewards: Mapping[str, str] | None = None,
+    distributed: DistributedConfig | None = None,
+    source: Path = SOURCE,
+) -> str:
+    """Identifies the inputs a checkpoint of a ``section`` run (sft, ei, grpo) was made from: the params (the ranks'
+    world among them: each samples its own share), the init model's files by content (weights and tokenizer: an
+    upstream stage may rewrite the same directory), the data (``data``: each set's digest by name), the code the stage
+    runs (``stage``, the package modules it imports from ``source`` and the prompt templates, by content), the reward
+    that grades ``config.prompt`` (``rewards``: its spec and, for a user's, the tree's ``rewards/`` package by
+    content), and what :func:`run_fingerprint` adds (library versions, CPU threads). Other inputs → not resumed."""
+    identity = {
+        section: dataclasses.asdict(config),
+        "eval": dataclasses.asdict(eval_config),
+        "rollout": dataclasses.asdict(engine_config),
+        "distributed": None if distributed is None or distributed.world_size == 1 else dataclasses.asdict(distributed),
+        "init_model": model_digest(init_model_dir),
+        **data,
+        "code": code_digest(stage, source),
+        "reward": reward_identity(config.prompt, rewards, source.parent),
+    }
+    return run_fingerprint(identity, training_device)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -171,6 +216,79 @@ def resume(
             for checkpoint in passed:
                 shutil.rmtree(checkpoint)
     return state
+
+
+class CheckpointPart(Protocol):
+    """What a route adds to its checkpoints of its own (GRPO: its rollouts in flight)."""
+
+    names: ClassVar[tuple[str, ...]]
+    """The tensors it adds."""
+
+    def tensors(self, state: Any) -> dict[str, Any]:
+        """Its tensors for a checkpoint of ``state``."""
+
+    def restore(self, path: Path, state: Any, saved: dict[str, Any]) -> None:
+        """Check and parse what checkpoint ``path`` holds of it (``state`` and the tensors ``saved``) into ``state``,
+        before anything else is restored; raises :class:`CheckpointError` if it cannot."""
+
+
+@dataclass
+class RunCheckpoints(Generic[State]):
+    """A run's resumable checkpoints: in ``directory``, made from the inputs ``fingerprint`` identifies (a resume
+    names the run by ``label``), each holding its training state (a ``state_type``), the policy's weights, its
+    ``optimizer``'s state (None: a route that makes one per round, expert iteration), the ``best`` weights, torch's
+    RNG, the curves (``live_dir``) and the route's own ``part``. Over several ranks every rank takes part in the
+    gathers and reads the checkpoint; rank 0 alone writes it, keeps the best weights and restores the curves."""
+
+    directory: Path
+    fingerprint: str
+    label: str
+    state_type: type[State]
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    best: BestCheckpoint
+    live_dir: Path
+    ranks: Ranks = SINGLE
+    part: CheckpointPart | None = None
+
+    def save(self, state: State) -> None:
+        """Write checkpoint ``state.step`` (:func:`write_checkpoint`), the best checkpoint's figures in ``state``,
+        with full state dicts (gathered from every rank under FSDP2)."""
+        if self.optimizer is None:
+            tensors = {"policy": self.policy.state_dict()}
+        else:
+            policy_state, optimizer_state = training_state(self.policy, self.optimizer, self.ranks)
+            tensors = {"policy": policy_state, "optimizer": optimizer_state}
+        if not self.ranks.is_main:
+            return
+        self.best.save_to(state)
+        tensors["best"] = self.best.state_dict
+        if self.part is not None:
+            tensors |= self.part.tensors(state)
+        write_checkpoint(self.directory, state.step, tensors, state, self.live_dir, self.fingerprint)
+
+    def load(self, path: Path) -> State:
+        """Read checkpoint ``path`` whole and check it, then restore it: one that cannot be read raises
+        :class:`CheckpointError` and leaves the policy and the optimizer as they were."""
+        _, state = read_state(path, self.state_type)
+        names = ("policy", *(() if self.optimizer is None else ("optimizer",)), "best")
+        saved = read_tensors(path, names + (() if self.part is None else self.part.names))
+        if self.part is not None:
+            self.part.restore(path, state, saved)
+        if self.optimizer is None:
+            self.policy.load_state_dict(saved["policy"])
+        else:
+            load_training_state(self.policy, self.optimizer, saved["policy"], saved["optimizer"], self.ranks)
+        torch.set_rng_state(saved["torch_rng"])
+        self.best.restore(state, saved["best"] if self.ranks.is_main else None)
+        if self.ranks.is_main:
+            restore_live(path, self.live_dir)
+        return state
+
+    def resume(self) -> State:
+        """Continue from the newest readable checkpoint made from the same inputs (:func:`resume`); else a fresh
+        state."""
+        return resume(self.directory, self.fingerprint, self.label, self.load, self.state_type(), self.ranks)
 
 
 def kept_directory(kept: str | Path, environ: Mapping[str, str] = os.environ) -> Path:

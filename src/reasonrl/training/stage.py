@@ -1,0 +1,103 @@
+"""The skeleton of a training stage (sft, ei, grpo), around the route's loop: one run at a time on its checkpoints
+and kept policies, the engine and the policy started, the loop run (keeping policies as it goes), its models saved
+with their cards, its summary metrics written, its checkpoints removed once all that is on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reasonrl.atomic import atomic_write_json
+from reasonrl.distributed import SINGLE, Ranks
+from reasonrl.lora import merged_weights, trainable_parameter_count
+from reasonrl.model_card import git_commit, render_card
+from reasonrl.training.checkpoints import checkpoint_lock, remove_checkpoints
+from reasonrl.training.policy import save_policy, start_training
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from reasonrl.config import Params
+    from reasonrl.model_card import Route
+    from reasonrl.training.best import BestCheckpoint
+
+    Keep = Callable[[int, BestCheckpoint], None]
+    """``keep(step, best)``: save the policy after ``step`` steps, on every rank."""
+    Run = Callable[[Any, PreTrainedModel, PreTrainedTokenizerBase, Keep | None], BestCheckpoint]
+    """``run(engine, policy, tokenizer, keep)``: the route's loop; returns its best checkpoint."""
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """A model a stage saves: in ``directory``, the best checkpoint's weights or (``final``) the policy's at the end,
+    its card naming it ``checkpoint`` (e.g. "the step with the best validation accuracy")."""
+
+    directory: Path
+    checkpoint: str
+    final: bool = False
+
+
+def run_training_stage(
+    params: Params,
+    section: Route,
+    model_dir: str | Path,
+    data_files: list[Path],
+    run: Run,
+    outputs: list[SavedModel],
+    *,
+    checkpoints: str | Path,
+    metrics: str | Path,
+    started: float,
+    unit: str = "step",
+    kept: Path | None = None,
+    kept_unit: str = "step",
+    summary: Mapping[str, Any] | None = None,
+    ranks: Ranks = SINGLE,
+    policy_shards: int = 1,
+    max_staleness: int = 0,
+) -> BestCheckpoint | None:
+    """Train the ``section`` route (sft, ei, grpo: its params section, its cards' route) from ``model_dir`` with
+    ``run`` and save ``outputs``, their cards naming ``data_files``; ``unit`` names what the best checkpoint's step
+    counts (step, round). One run at a time writes the ``checkpoints``, the kept policies (in ``kept``, as
+    ``step_NNNNNN`` after each ``kept_unit``; None: the run keeps none), the curves and the outputs: rank 0 holds the
+    locks for the whole run (its ranks are one holder), and a second run stops before it reads or deletes anything.
+
+    ``metrics``: the best validation accuracy and its ``best_<unit>``, ``summary``, the trainable parameters and the
+    wall clock since ``started``. ``ranks``, ``policy_shards``, ``max_staleness``: see
+    :func:`reasonrl.training.policy.start_training`. Returns the best checkpoint (rank 0; None on the others)."""
+    config, commit = getattr(params, section), git_commit()
+    with checkpoint_lock(checkpoints, kept) if ranks.is_main else contextlib.nullcontext():
+        engine, policy, tokenizer = start_training(
+            model_dir, config, section, params.rollout, ranks, policy_shards, max_staleness
+        )
+
+        def keep(step: int, best: BestCheckpoint) -> None:
+            weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
+            if ranks.is_main:
+                checkpoint = f"the policy after {kept_unit} {step}"
+                card = render_card(params, section, checkpoint, best, unit, data_files, commit)
+                save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
+
+        best = run(engine, policy, tokenizer, None if kept is None else keep)
+        final = dict(merged_weights(policy)) if any(out.final for out in outputs) else None  # every rank, as keep's
+        if not ranks.is_main:
+            return None
+        for output in outputs:
+            card = render_card(params, section, output.checkpoint, best, unit, data_files, commit)
+            save_policy(policy, tokenizer, output.directory, final if output.final else best.state_dict, card)
+        atomic_write_json(
+            metrics,
+            {
+                "best_val_accuracy": best.accuracy,
+                f"best_{unit}": best.step,
+                **(summary or {}),
+                "trainable_parameters": trainable_parameter_count(policy),
+                "wall_clock_seconds": round(time.perf_counter() - started, 1),
+            },
+        )
+        remove_checkpoints(Path(checkpoints))
+    return best
