@@ -293,12 +293,12 @@ LAYERS = [
      "reasonrl.launch"],
     # sampling: the engine, its process, and evaluating with it (whose results the process hands back)
     ["reasonrl.rollouts", "reasonrl.evaluation"],
-    # the run harness: checkpoints, resuming
-    ["reasonrl.checkpoints", "reasonrl.training"],
+    # the run harness: checkpoints, resuming, the trained models' cards
+    ["reasonrl.training", "reasonrl.model_card"],
     # the algorithms
     ["reasonrl.sft", "reasonrl.expert_iteration", "reasonrl.grpo", "reasonrl.crosscheck"],
     # what reads the runs' outputs and drives the pipeline
-    ["reasonrl.report", "reasonrl.compare", "reasonrl.model_card", "reasonrl.pipeline"],
+    ["reasonrl.report", "reasonrl.compare", "reasonrl.pipeline"],
 ]  # fmt: skip
 """The package's layers, lowest first: a module imports (at run time or for its annotations) from its own layer or
 lower ones only. Each entry names a module or a package, whose submodules it covers."""
