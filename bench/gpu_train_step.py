@@ -168,7 +168,7 @@ def timed(function: Callable[[], None], device: torch.device, steps: int) -> tup
 def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, steps: int) -> tuple[float, float, float]:
     """One optimizer step over the whole batch, as ``run_grpo`` takes it; the optimizer lives for this measurement.
     Also returns the GiB of AdamW state it ended with."""
-    optimizer, guard = make_optimizer(policy, config, config.betas), NonFiniteGuard(limit=10**9)
+    optimizer, guard = make_optimizer(policy, config.optimizer), NonFiniteGuard(limit=10**9)
     rows = list(range(len(batch.responses)))
 
     def step() -> None:
@@ -182,7 +182,7 @@ def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, step
 
 def time_sft_step(policy, batch: dict[str, torch.Tensor], config: SFTConfig, device, steps: int) -> tuple[float, float]:
     """One optimizer step as ``sft_steps`` takes it, on already tokenized tensors."""
-    optimizer = make_optimizer(policy, config)
+    optimizer = make_optimizer(policy, config.optimizer)
 
     def step() -> None:
         accumulate_sft_gradients(policy, batch, config)

@@ -95,7 +95,7 @@ def reasonrl_steps(
             layout="cpu", cpu_kv_cache_gib=args.kv_cache_gib, max_model_len=1024, enforce_eager=args.enforce_eager
         ),
     )
-    optimizer = make_optimizer(policy, config, config.betas)
+    optimizer = make_optimizer(policy, config.optimizer)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite)
     times: dict[str, list[float]] = {"step": [], "rollout": [], "train": []}
     for step in range(args.warmup_steps + args.steps):

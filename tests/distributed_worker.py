@@ -70,7 +70,7 @@ def main() -> None:
     engine = RolloutEngine(model_dir, engine_config, ranks.tensor_parallel_size)
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     trainer = wrap_for_training(policy, strategy, ranks)
-    optimizer, guard = make_optimizer(policy, CONFIG, CONFIG.betas), NonFiniteGuard(limit=0)
+    optimizer, guard = make_optimizer(policy, CONFIG.optimizer), NonFiniteGuard(limit=0)
 
     with engine.serving(policy):
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)

@@ -169,7 +169,7 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
 
     expected, _ = load_policy(tiny_model_dir, torch.device("cpu"))
     reference = copy.deepcopy(expected).eval().requires_grad_(False)
-    optimizer, guard = make_optimizer(expected, CONFIG, CONFIG.betas), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
+    optimizer, guard = make_optimizer(expected, CONFIG.optimizer), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
     for step in range(CONFIG.n_grpo_steps):
         seed = step_seed(CONFIG.seed, step)
         with engine.serving(expected):

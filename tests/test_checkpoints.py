@@ -50,11 +50,11 @@ def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny
     second epoch's first): the same losses and bit-identical weights; the best weights and curves come back."""
     schedule = sft_schedule(CONFIG, 6)
     uninterrupted = copy.deepcopy(tiny_model).train()
-    optimizer = make_optimizer(uninterrupted, CONFIG)
+    optimizer = make_optimizer(uninterrupted, CONFIG.optimizer)
     losses = train(uninterrupted, tiny_tokenizer, optimizer, schedule, 0, 4)
 
     first = copy.deepcopy(tiny_model).train()
-    optimizer = make_optimizer(first, CONFIG)
+    optimizer = make_optimizer(first, CONFIG.optimizer)
     assert train(first, tiny_tokenizer, optimizer, schedule, 0, 2) == losses[:2]
     best = BestCheckpoint()
     best.offer(first, 0.5, 2, interval={"low": 0.1, "high": 0.9, "method": "wilson"})
@@ -66,7 +66,7 @@ def test_an_sft_checkpoint_resumes_to_the_uninterrupted_weights(tiny_model, tiny
     (live / "plots/loss.tsv").write_text("step\tloss\n1\t5.0\n2\t4.0\n3\t3.5\n")  # a step the killed run logged
 
     resumed = copy.deepcopy(tiny_model).train()
-    optimizer = make_optimizer(resumed, CONFIG)
+    optimizer = make_optimizer(resumed, CONFIG.optimizer)
     restored_best = BestCheckpoint()
     fresh = SFTState()
     checkpoints = tmp_path / "checkpoints"

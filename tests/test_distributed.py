@@ -206,7 +206,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert advantages.abs().sum() > 0  # a reward with variance: the gradients below are not trivially zero
     with torch.no_grad():
         old_log_probs = label_log_probs(policy, batch)
-    optimizer, guard = make_optimizer(policy, CONFIG, CONFIG.betas), NonFiniteGuard(limit=0)
+    optimizer, guard = make_optimizer(policy, CONFIG.optimizer), NonFiniteGuard(limit=0)
     for step in range(CONFIG.batching.epochs_per_rollout_batch):
         loss, gradients = hand_written_step(policy, batch, advantages, old_log_probs)
         errors = [relative_difference(gradients, rank["gradients"][step]) for rank in ranks]

@@ -49,7 +49,7 @@ def partly_trained_model(tmp_path_factory, arithmetic):
     # question_only answers end with EOS (there is no closing tag to stop at)
     pairs = [Pair(p.question, f" {p.reasoning}\n#### {p.answer}{tokenizer.eos_token}") for p in problems]
     config = SFTConfig(learning_rate=2e-3, batch_size=32, microbatch_size=32)
-    optimizer, schedule = make_optimizer(model, config), sft_schedule(config, total_steps=SFT_STEPS)
+    optimizer, schedule = make_optimizer(model, config.optimizer), sft_schedule(config, total_steps=SFT_STEPS)
     for _ in sft_steps(model, tokenizer, optimizer, schedule, pairs, config, epochs=4, max_steps=SFT_STEPS):
         pass
     path = tmp_path_factory.mktemp("arithmetic_sft")

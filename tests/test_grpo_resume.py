@@ -274,7 +274,9 @@ def drawn(engine):
 def checkpoint_in_flight(policy, directory: Path, step: int, drawn, versions: dict[int, int] | None = None) -> Path:
     """The checkpoint an asynchronous run of ``ASYNC`` writes after ``step`` steps, holding ``drawn`` as the
     rollouts of the steps ``versions`` maps to older policy versions (by default the ones it needs)."""
-    versions = in_flight_versions(step, ASYNC.max_staleness, ASYNC.n_grpo_steps) if versions is None else versions
+    versions = (
+        in_flight_versions(step, ASYNC.asynchrony.max_staleness, ASYNC.n_grpo_steps) if versions is None else versions
+    )
     state = TrainingState(
         step=step,
         in_flight=[StepRollouts(later, version, drawn, 0.5) for later, version in versions.items() if version < step],

@@ -29,7 +29,7 @@ def trained_lora_policy(model_dir, config=LORA, steps=3, gradient_checkpointing=
     policy, tokenizer = load_policy(
         model_dir, torch.device("cpu"), gradient_checkpointing=gradient_checkpointing, lora=config.lora
     )
-    optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, steps)
+    optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, steps)
     metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=steps))
     return policy, tokenizer, metrics
 

@@ -62,7 +62,7 @@ def test_sft_rates_are_bit_for_bit_those_of_lambdalr(schedule, warmup_ratio, tot
     :func:`learning_rate_factor` gave that step (``base_lr * factor(step)``: ``factor(0)`` from its construction,
     ``factor(n)`` after its ``n``-th ``step()``), SFT's mechanism before the rate was a function of the step."""
     config = SFTConfig(learning_rate=3e-3, warmup_ratio=warmup_ratio, lr_schedule=schedule)
-    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=config.optimizer.learning_rate)
     warmup = round(warmup_ratio * total_steps)
     lambda_lr = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: learning_rate_factor(schedule, step, total_steps, warmup)
@@ -80,7 +80,7 @@ def test_sft_steps_train_and_log_at_the_scheduled_rate(tiny_model, tiny_tokenize
     pairs = [Pair(f"User: {n} plus 1?\nAssistant: <think>", f" {n + 1} </think>") for n in range(8)]
     config = SFTConfig(learning_rate=0.1, warmup_ratio=0.5, lr_schedule="cosine", batch_size=2, microbatch_size=2)
     schedule, policy = sft_schedule(config, 4), copy.deepcopy(tiny_model).train()
-    optimizer = make_optimizer(policy, config)
+    optimizer = make_optimizer(policy, config.optimizer)
     set_rates = []
     step = optimizer.step
 

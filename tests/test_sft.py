@@ -37,7 +37,7 @@ def test_sft_lowers_loss_and_raises_target_log_prob(tiny_model_dir):
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     config = SFTConfig(learning_rate=3e-3, warmup_ratio=0.0, batch_size=4, microbatch_size=2, epochs=30)
     before = target_log_prob(policy, tokenizer)
-    optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, total_steps=30)
+    optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, total_steps=30)
     metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=30))
     after = target_log_prob(policy, tokenizer)
 

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from reasonrl.atomic import atomic_directory, exclusive_lock, fsync_path, fsync_tree, remove_temporaries
 from reasonrl.code_deps import SOURCE, code_digest
+from reasonrl.config import flat_dict
 from reasonrl.distributed import SINGLE, Ranks, load_training_state, training_state
 from reasonrl.errors import UserError
 from reasonrl.models import model_digest
@@ -94,14 +95,15 @@ def fingerprint(
     distributed: DistributedConfig | None = None,
     source: Path = SOURCE,
 ) -> str:
-    """Identifies the inputs a checkpoint of a ``section`` run (sft, ei, grpo) was made from: the params (the ranks'
-    world among them: each samples its own share), the init model's files by content (weights and tokenizer: an
-    upstream stage may rewrite the same directory), the data (``data``: each set's digest by name), the code the stage
-    runs (``stage``, the package modules it imports from ``source`` and the prompt templates, by content), the reward
-    that grades ``config.prompt`` (``rewards``: its spec and, for a user's, the tree's ``rewards/`` package by
-    content), and what :func:`run_fingerprint` adds (library versions, CPU threads). Other inputs → not resumed."""
+    """Identifies the inputs a checkpoint of a ``section`` run (sft, ei, grpo) was made from: the params (the
+    section's keys as params.yaml names them, :func:`reasonrl.config.flat_dict`; the ranks' world among them: each
+    samples its own share), the init model's files by content (weights and tokenizer: an upstream stage may rewrite
+    the same directory), the data (``data``: each set's digest by name), the code the stage runs (``stage``, the
+    package modules it imports from ``source`` and the prompt templates, by content), the reward that grades
+    ``config.prompt`` (``rewards``: its spec and, for a user's, the tree's ``rewards/`` package by content), and what
+    :func:`run_fingerprint` adds (library versions, CPU threads). Other inputs → not resumed."""
     identity = {
-        section: dataclasses.asdict(config),
+        section: flat_dict(config),
         "eval": dataclasses.asdict(eval_config),
         "rollout": dataclasses.asdict(engine_config),
         "distributed": None if distributed is None or distributed.world_size == 1 else dataclasses.asdict(distributed),

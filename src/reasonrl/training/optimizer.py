@@ -5,7 +5,7 @@ run recomputes it from its step count alone, with no scheduler state to save."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,21 +15,17 @@ from reasonrl.lora import trainable_parameters
 from reasonrl.schedules import learning_rate_factor
 
 if TYPE_CHECKING:
-    from reasonrl.config import GRPOConfig, LRSchedule, SFTOptimization
-
-ADAMW_BETAS = (0.9, 0.999)
-"""AdamW's own default betas, which SFT and expert iteration train with (GRPO's are a param, ``grpo.betas``)."""
+    from reasonrl.config import LRSchedule, OptimizerConfig
 
 
-def make_optimizer(
-    policy: torch.nn.Module, config: SFTOptimization | GRPOConfig, betas: Sequence[float] = ADAMW_BETAS
-) -> torch.optim.AdamW:
-    """AdamW over the policy's trainable parameters at ``config.learning_rate`` and ``config.weight_decay``."""
+def make_optimizer(policy: torch.nn.Module, optimizer: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the policy's trainable parameters at ``optimizer``'s ``learning_rate``, ``betas`` and
+    ``weight_decay`` (the section's: ``sft``, ``ei`` or ``grpo``)."""
     return torch.optim.AdamW(
         trainable_parameters(policy),
-        lr=config.learning_rate,
-        betas=tuple(betas),
-        weight_decay=config.weight_decay,
+        lr=optimizer.learning_rate,
+        betas=tuple(optimizer.betas),
+        weight_decay=optimizer.weight_decay,
         fused=next(policy.parameters()).is_cuda,  # one kernel for all parameters (GPU-only: the CPU keeps its numerics)
     )
 
