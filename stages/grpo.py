@@ -69,10 +69,11 @@ def main() -> None:
         checkpoints=args.checkpoints,
         metrics=args.metrics,
         started=started,
-        kept=kept_directory(args.kept) if config.keep_every else None,
+        kept=kept_directory(args.kept) if config.cadence.keep_every else None,
         ranks=ranks,
         policy_shards=shards,
-        max_staleness=config.max_staleness,  # ≥ 1: the engine in a process of its own, which run_grpo's source stops
+        # ≥ 1: the engine in a process of its own, which run_grpo's source stops
+        max_staleness=config.asynchrony.max_staleness,
     )
     if ranks.is_main:
         print(f"grpo: best validation accuracy {best.accuracy:.3f} at step {best.step}")

@@ -69,7 +69,7 @@ def main() -> None:
         checkpoints=args.checkpoints,
         metrics=args.metrics,
         started=started,
-        kept=kept_directory(args.kept) if config.keep_every else None,
+        kept=kept_directory(args.kept) if config.cadence.keep_every else None,
         kept_unit="optimizer step",
         summary={"train_pairs": len(pairs)},
     )

@@ -60,6 +60,43 @@ class EIState:
     best_interval: dict[str, Any] | None = None
 
 
+def draw_round(
+    engine: RolloutEngine,
+    policy: PreTrainedModel,
+    questions: list[GSM8KExample],
+    prompts: list[str],
+    config: EIConfig,
+    stop: list[str],
+    reward_fn: RewardFn,
+    round_index: int,
+    live: Live,
+) -> tuple[list[Pair], int]:
+    """Round ``round_index``'s rollouts: ``num_rollouts`` answers to each of ``questions`` (posed as ``prompts``) from
+    the current policy, loaded into the engine for this phase; logs them, and returns the correct ones as SFT pairs
+    and how many answers were sampled."""
+    with engine.serving(policy):
+        seed = step_seed(config.seed, round_index)
+        samples = sample_groups(engine, prompts, config.sampling.num_rollouts, config, stop, seed)
+    kept, solved = correct_pairs(questions, prompts, samples, reward_fn)
+    lengths = [sample.length for group in samples for sample in group]
+    live.log_metric("rollout/questions_with_correct", solved)
+    live.log_metric("rollout/kept_pairs", len(kept))
+    live.log_metric("rollout/response_length", sum(lengths) / len(lengths))
+    return kept, len(lengths)
+
+
+def fine_tune_round(
+    policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, kept: list[Pair], config: EIConfig, live: Live
+) -> None:
+    """``sft_epochs`` of SFT on a round's ``kept`` pairs, with an optimizer and a schedule of the round's own; logs
+    the means of its steps' metrics."""
+    total = count_steps(len(kept), config.batching.batch_size, config.sft_epochs)
+    optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, total)
+    step_metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, kept, config, config.sft_epochs))
+    for name in ("train/loss", "train/entropy", "train/grad_norm", "time/tokens_per_second"):
+        live.log_metric(name, sum(m[name] for m in step_metrics) / len(step_metrics))
+
+
 def run_expert_iteration(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -93,8 +130,9 @@ def run_expert_iteration(
     # No optimizer: each round makes its own.
     checkpoints = RunCheckpoints(checkpoint_dir, inputs, "expert iteration", EIState, policy, None, best, live_dir)
     state = checkpoints.resume()
+    questions_per_round = min(config.sampling.questions_per_step, len(train))
     for _ in range(state.step):  # the rounds done drew their questions from the same stream
-        question_rng.sample(train, min(config.questions_per_step, len(train)))
+        question_rng.sample(train, questions_per_round)
     rounds = tqdm(
         range(state.step + 1, config.n_steps + 1),
         desc="expert iteration",
@@ -105,28 +143,17 @@ def run_expert_iteration(
     with open_live(state.step > 0) as live:
         for round_index in rounds:
             live.step = round_index
-            # Sample G answers per question from the current policy, loaded into the engine for this phase.
-            questions = question_rng.sample(train, min(config.questions_per_step, len(train)))
+            questions = question_rng.sample(train, questions_per_round)
             prompts = [prompt.render(example.question, tokenizer) for example in questions]
-            with engine.serving(policy):
-                seed = step_seed(config.seed, round_index)
-                samples = sample_groups(engine, prompts, config.num_rollouts, config, eval_config.stop, seed)
-            kept, solved = correct_pairs(questions, prompts, samples, reward_fn)
-            lengths = [sample.length for group in samples for sample in group]
-            live.log_metric("rollout/questions_with_correct", solved)
-            live.log_metric("rollout/kept_pairs", len(kept))
-            live.log_metric("rollout/response_length", sum(lengths) / len(lengths))
-
-            # Fine-tune on the kept pairs; a round that kept nothing has nothing to learn from.
+            kept, sampled = draw_round(
+                engine, policy, questions, prompts, config, eval_config.stop, reward_fn, round_index, live
+            )
+            # A round that kept nothing has nothing to learn from.
             if kept:
-                total = count_steps(len(kept), config.batch_size, config.sft_epochs)
-                optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, total)
-                step_metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, kept, config, config.sft_epochs))
-                for name in ("train/loss", "train/entropy", "train/grad_norm", "time/tokens_per_second"):
-                    live.log_metric(name, sum(m[name] for m in step_metrics) / len(step_metrics))
+                fine_tune_round(policy, tokenizer, kept, config, live)
             else:
                 state.skipped_rounds += 1
-                tqdm.write(f"expert iteration round {round_index}: no correct rollout among {len(lengths)}; skipped")
+                tqdm.write(f"expert iteration round {round_index}: no correct rollout among {sampled}; skipped")
             live.log_metric("ei/skipped_rounds", state.skipped_rounds)
 
             # Validate the round's weights.

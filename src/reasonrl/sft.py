@@ -57,7 +57,7 @@ def sft_schedule(config: SFTOptimization, total_steps: int) -> LearningRateSched
     """The learning rate of each of ``total_steps`` optimizer steps: a linear warm-up over ``warmup_ratio`` of them,
     then ``lr_schedule`` over the rest."""
     warmup = round(config.warmup_ratio * total_steps)
-    return LearningRateSchedule(config.learning_rate, config.lr_schedule, total_steps, warmup)
+    return LearningRateSchedule(config.optimizer.learning_rate, config.optimizer.lr_schedule, total_steps, warmup)
 
 
 def count_steps(num_pairs: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
@@ -82,12 +82,12 @@ def sft_steps(
     if not pairs:
         raise ValueError("no training pairs: an SFT run needs at least one")
     order_rng = random.Random(config.seed)
-    total = count_steps(len(pairs), config.batch_size, epochs, max_steps)
+    total = count_steps(len(pairs), config.batching.batch_size, epochs, max_steps)
     step = 0
     for _ in range(epochs):
         order = list(range(len(pairs)))
         order_rng.shuffle(order)
-        for indices in chunks(order, config.batch_size):
+        for indices in chunks(order, config.batching.batch_size):
             if step == total:
                 return
             if step < start:
@@ -98,7 +98,7 @@ def sft_steps(
             tensors = tokenize_prompt_and_output([p.prompt for p in batch], [p.response for p in batch], tokenizer)
             metrics = accumulate_sft_gradients(policy, tensors, config)
             tokens = metrics.pop("tokens")
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm).item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.optimizer.max_grad_norm).item()
             learning_rate = schedule.rate(step)
             set_learning_rate(optimizer, learning_rate)
             optimizer.step()
@@ -127,7 +127,7 @@ def accumulate_sft_gradients(
     lengths = sequence_lengths(batch["response_mask"])
     batch_tokens = int(batch["response_mask"].sum())
     loss_sum = entropy_sum = tokens = 0.0
-    for part in split_microbatches(rows, lengths, config.microbatch_size, config.microbatch_tokens):
+    for part in split_microbatches(rows, lengths, config.batching.microbatch_size, config.batching.microbatch_tokens):
         tensors = {name: tensor.to(device) for name, tensor in trim_to_rows(batch, part).items()}
         mask = tensors["response_mask"]  # [b, T]
         with compute_precision(device, config.precision):
@@ -184,8 +184,8 @@ def run_sft(
     every ``keep_every`` steps (``sft.keep_every``), to save the policy."""
     from tqdm import tqdm
 
-    total = count_steps(len(pairs), config.batch_size, config.epochs, config.max_steps)
-    optimizer, schedule = make_optimizer(policy, config), sft_schedule(config, total)
+    total = count_steps(len(pairs), config.batching.batch_size, config.epochs, config.max_steps)
+    optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, total)
     best = BestCheckpoint()
     device = next(policy.parameters()).device.type
     data = {"pairs": pairs_digest(pairs), "val": examples_digest(val)}
@@ -202,14 +202,14 @@ def run_sft(
             live.step = step
             for name, value in metrics.items():
                 live.log_metric(name, value)
-            if is_eval_step(step, config.eval_every, total):
+            if is_eval_step(step, config.cadence.eval_every, total):
                 # One seed for every evaluation: a resumed run's draws are the uninterrupted run's.
                 val_metrics = validate(
                     engine,
                     policy,
                     val,
                     eval_config,
-                    config.eval_examples,
+                    config.cadence.eval_examples,
                     config.prompt,
                     seed=config.seed,
                     rewards=rewards,
@@ -218,8 +218,8 @@ def run_sft(
                 best.offer(policy, val_metrics["accuracy"], step, interval=val_metrics["accuracy_interval"])
             live.next_step()
             state.step = step
-            if keep is not None and is_keep_step(step, config.keep_every):
+            if keep is not None and is_keep_step(step, config.cadence.keep_every):
                 keep(step, best)
-            if is_checkpoint_step(step, config.checkpoint_every, total):
+            if is_checkpoint_step(step, config.cadence.checkpoint_every, total):
                 checkpoints.save(state)
     return best

@@ -45,9 +45,9 @@ def sample_groups(
     return engine.generate(
         prompts,
         n=group_size,
-        temperature=config.temperature,
-        min_tokens=config.min_tokens,
-        max_tokens=config.max_tokens,
+        temperature=config.sampling.temperature,
+        min_tokens=config.sampling.min_tokens,
+        max_tokens=config.sampling.max_tokens,
         stop=stop,
         seed=seed,
         return_logprobs=return_logprobs,
@@ -57,7 +57,7 @@ def sample_groups(
 def wants_engine_log_probs(config: GRPOConfig) -> bool:
     """Whether the engine returns the sampled tokens' log-probs (μ): as π_old (``old_log_probs_from: engine``), or
     for the importance weight π_old / μ (``rollout_is_cap``)."""
-    return config.old_log_probs_from == "engine" or config.rollout_is_cap is not None
+    return config.asynchrony.old_log_probs_from == "engine" or config.asynchrony.rollout_is_cap is not None
 
 
 def sample_rollouts(
@@ -66,7 +66,9 @@ def sample_rollouts(
     """The prompts, and ``group_size`` samples per question, flattened group after group."""
     prompt, tokenizer = load_prompt(config.prompt), engine.tokenizer()
     prompts = [prompt.render(example.question, tokenizer) for example in questions]
-    groups = sample_groups(engine, prompts, config.group_size, config, stop, seed, wants_engine_log_probs(config))
+    groups = sample_groups(
+        engine, prompts, config.batching.group_size, config, stop, seed, wants_engine_log_probs(config)
+    )
     return prompts, [sample for group in groups for sample in group]
 
 
@@ -93,14 +95,14 @@ def draw_rollouts(
     Every draw and seed is a function of ``step_seed``: a resumed run replays it. ``rewards[config.prompt]`` grades
     the groups (None: the prompt's built-in).
     """
-    wanted = min(config.questions_per_step, len(train))
+    wanted = min(config.batching.questions_per_step, len(train))
     questions = ranks.share(random.Random(step_seed).sample(train, wanted))
     sampling_seed = step_seed * ranks.data_parallel_size + ranks.data_parallel_rank
     prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
     drawn = DrawnRollouts(questions, prompts, samples, sampled_questions=questions, sampled_samples=samples)
-    if not config.dynamic_sampling:
+    if not config.sampling.dynamic_sampling:
         return drawn
-    reward_fn, group = prompt_reward(config.prompt, rewards), config.group_size
+    reward_fn, group = prompt_reward(config.prompt, rewards), config.batching.group_size
     kept = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[], sampling_rounds=0)
     used = set()
     while True:
@@ -118,7 +120,7 @@ def draw_rollouts(
             kept.prompts.append(prompt)
             kept.samples.extend(samples_of_question)
         pool = [question for question in train if id(question) not in used]
-        if len(kept.questions) == wanted or kept.sampling_rounds == config.max_sampling_rounds or not pool:
+        if len(kept.questions) == wanted or kept.sampling_rounds == config.sampling.max_sampling_rounds or not pool:
             break
         round_seed = step_seed * 1000 + kept.sampling_rounds
         questions = random.Random(round_seed).sample(pool, min(wanted, len(pool)))
