@@ -43,7 +43,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from reasonrl.batching import sequence_lengths
 from reasonrl.config import GRPOConfig, SFTConfig
-from reasonrl.grpo import NonFiniteGuard, RolloutBatch, accumulate_gradients, compute_old_log_probs, optimizer_step
+from reasonrl.grpo import (
+    FixedLogProbs,
+    Forwards,
+    NonFiniteGuard,
+    RolloutBatch,
+    accumulate_gradients,
+    compute_old_log_probs,
+    optimizer_step,
+)
 from reasonrl.lora import trainable_parameters
 from reasonrl.models import policy_dtype
 from reasonrl.sft import accumulate_sft_gradients
@@ -141,7 +149,6 @@ def rollout_batch(args: argparse.Namespace, vocab_size: int) -> RolloutBatch:
         engine_log_probs=None,
         raw_rewards=(advantages > 0).float(),
         advantages=advantages,
-        reward_metadata={},
         response_lengths=[len(r) for r in responses],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
         truncated=torch.zeros(args.responses, dtype=torch.bool),
@@ -170,10 +177,11 @@ def time_grpo_step(policy, batch: RolloutBatch, config: GRPOConfig, device, step
     Also returns the GiB of AdamW state it ended with."""
     optimizer, guard = make_optimizer(policy, config.optimizer), NonFiniteGuard(limit=10**9)
     rows = list(range(len(batch.responses)))
+    fixed, forwards, max_tokens = FixedLogProbs(), Forwards.training(config), config.sampling.max_tokens
 
     def step() -> None:
-        accumulate_gradients(policy, batch, rows, None, config)
-        optimizer_step(policy, optimizer, config, guard, 0, {})
+        accumulate_gradients(policy, batch, rows, fixed, config.loss, forwards, max_tokens)
+        optimizer_step(policy, optimizer, config.optimizer.max_grad_norm, guard, 0, {})
 
     seconds, memory = timed(step, device, steps)
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim() > 0)
@@ -222,7 +230,7 @@ def measure(
         "grpo step", setting, results["grpo_seconds"], tokens, train_flops * tokens, peak, memory
     )
     print(f"{'AdamW state':<14} {setting.name:<34} {results['adamw_gib']:7.3f} GiB", flush=True)
-    seconds, memory = timed(lambda: compute_old_log_probs(policy, batch, grpo), device, args.steps)
+    seconds, memory = timed(lambda: compute_old_log_probs(policy, batch, Forwards.fixed(grpo)), device, args.steps)
     report("old log-probs", setting, seconds, tokens, 2 * parameters * tokens, peak, memory)
 
     sft_rows = list(range(min(32, args.responses)))

@@ -51,7 +51,14 @@ from transformers import AutoTokenizer
 
 from reasonrl.config import DataConfig, EngineConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, fetch_verified_gsm8k, parse_lines, resolve_source
-from reasonrl.grpo import NonFiniteGuard, accumulate_gradients, optimizer_step, score_rollouts
+from reasonrl.grpo import (
+    FixedLogProbs,
+    Forwards,
+    NonFiniteGuard,
+    accumulate_gradients,
+    optimizer_step,
+    score_rollouts,
+)
 from reasonrl.models import prepare_base_model
 from reasonrl.prompts import REWARD_FNS, load_prompt
 from reasonrl.rollouts.drawing import draw_rollouts
@@ -97,22 +104,23 @@ def reasonrl_steps(
     )
     optimizer = make_optimizer(policy, config.optimizer)
     guard = NonFiniteGuard(config.max_consecutive_nonfinite)
+    loss, group_size, forwards = config.loss, config.batching.group_size, Forwards.training(config)
     times: dict[str, list[float]] = {"step": [], "rollout": [], "train": []}
     for step in range(args.warmup_steps + args.steps):
         started = time.perf_counter()
         with engine.serving(policy):
             drawn = draw_rollouts(engine, questions, config, STOP, step)
         rolled = time.perf_counter()
-        batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+        batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
         lengths = set(batch.response_lengths)
         assert lengths == {config.sampling.max_tokens}, (
             f"rollout lengths {sorted(lengths)}, not all {config.sampling.max_tokens}"
         )
         rows = list(range(len(batch.responses)))  # one optimizer step over the whole rollout batch
-        metrics = accumulate_gradients(policy, batch, rows, None, config)
-        optimizer_step(
-            policy, optimizer, config, guard, step, {"advantages": batch.advantages, "loss": metrics["train/loss"]}
-        )
+        max_tokens = config.sampling.max_tokens
+        metrics = accumulate_gradients(policy, batch, rows, FixedLogProbs(), loss, forwards, max_tokens)
+        checks = {"advantages": batch.advantages, "loss": metrics["train/loss"]}
+        optimizer_step(policy, optimizer, config.optimizer.max_grad_norm, guard, step, checks)
         trained = time.perf_counter()
         for name, seconds in (("step", trained - started), ("rollout", rolled - started), ("train", trained - rolled)):
             times[name].append(seconds)

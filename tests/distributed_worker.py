@@ -23,6 +23,8 @@ from reasonrl.config import DistributedConfig, EngineConfig, GRPOConfig
 from reasonrl.data import parse_lines
 from reasonrl.distributed import full_tensor, init_ranks, wrap_for_training
 from reasonrl.grpo import (
+    FixedLogProbs,
+    Forwards,
     NonFiniteGuard,
     accumulate_gradients,
     compute_old_log_probs,
@@ -74,16 +76,18 @@ def main() -> None:
 
     with engine.serving(policy):
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
-    rollout = ranks.mean_metrics(rollout_metrics(drawn, CONFIG))
-    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
-    old_log_probs = compute_old_log_probs(trainer, batch, CONFIG, ranks)
+    loss, group_size, max_grad_norm = CONFIG.loss, CONFIG.batching.group_size, CONFIG.optimizer.max_grad_norm
+    rollout = ranks.mean_metrics(rollout_metrics(drawn, group_size, CONFIG.sampling.dynamic_sampling))
+    batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+    fixed = FixedLogProbs(old=compute_old_log_probs(trainer, batch, Forwards.fixed(CONFIG), ranks))
     rows = ranks.rows_to_train(len(batch.responses))
     gradients, losses = [], []
     for _ in range(CONFIG.batching.epochs_per_rollout_batch):
-        metrics = accumulate_gradients(trainer, batch, rows, old_log_probs, CONFIG, ranks=ranks)
+        forwards = Forwards.training(CONFIG)
+        metrics = accumulate_gradients(trainer, batch, rows, fixed, loss, forwards, CONFIG.sampling.max_tokens, ranks)
         losses.append(metrics["train/loss"])
         gradients.append({name: full_tensor(p.grad).clone() for name, p in policy.named_parameters()})
-        optimizer_step(policy, optimizer, CONFIG, guard, 0, {"loss": metrics["train/loss"]}, ranks)
+        optimizer_step(trainer, optimizer, max_grad_norm, guard, 0, {"loss": metrics["train/loss"]}, ranks)
     weights = dict(merged_weights(policy))  # every rank gathers (FSDP2)
 
     # The engine after a weight load samples from the trained policy: its log-probs against HF's on the same tokens

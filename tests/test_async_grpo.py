@@ -17,6 +17,8 @@ from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
 from reasonrl.data import parse_lines
 from reasonrl.grpo import (
+    FixedLogProbs,
+    Forwards,
     NonFiniteGuard,
     accumulate_gradients,
     compute_old_log_probs,
@@ -98,13 +100,20 @@ def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engi
     reply = engine_process.reply()
     assert (reply.step, reply.version) == (0, 7)
     drawn = reply.rollouts
-    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+    batch = scored(tokenizer, drawn, config)
     mask = batch.response_mask
     assert mask.sum() > 8
-    trainer = compute_old_log_probs(policy, batch, config)
+    trainer = compute_old_log_probs(policy, batch, Forwards.fixed(config))
     assert (trainer - batch.engine_log_probs)[mask].abs().max() < 1e-3
     unperturbed, _ = load_policy(tiny_model_dir, torch.device("cpu"))
-    assert (compute_old_log_probs(unperturbed, batch, config) - batch.engine_log_probs)[mask].abs().max() > 0.05
+    old_log_probs = compute_old_log_probs(unperturbed, batch, Forwards.fixed(config))
+    assert (old_log_probs - batch.engine_log_probs)[mask].abs().max() > 0.05
+
+
+def scored(tokenizer, drawn, config):
+    """The step's rollout batch, as the loop scores it."""
+    loss = config.loss
+    return score_rollouts(tokenizer, drawn, config.batching.group_size, loss.advantage_eps, loss.use_std_normalization)
 
 
 def run(engine, policy, tokenizer, model_dir, work, config, kept: dict | None = None):
@@ -169,19 +178,21 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
 
     expected, _ = load_policy(tiny_model_dir, torch.device("cpu"))
     reference = copy.deepcopy(expected).eval().requires_grad_(False)
-    optimizer, guard = make_optimizer(expected, CONFIG.optimizer), NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
+    optimizer = make_optimizer(expected, CONFIG.optimizer)
+    guard = NonFiniteGuard(CONFIG.max_consecutive_nonfinite)
+    forwards, max_tokens = Forwards.training(CONFIG), CONFIG.sampling.max_tokens
     for step in range(CONFIG.n_grpo_steps):
         seed = step_seed(CONFIG.seed, step)
         with engine.serving(expected):
             drawn = draw_rollouts(engine, TRAIN, CONFIG, EVAL.stop, seed)
-        batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, CONFIG)
-        ref_log_probs = compute_old_log_probs(reference, batch, CONFIG)
+        batch = scored(tokenizer, drawn, CONFIG)
+        fixed = FixedLogProbs(reference=compute_old_log_probs(reference, batch, Forwards.fixed(CONFIG)))
         order = list(range(len(batch.responses)))
         random.Random(seed).shuffle(order)
         for train_batch, rows in enumerate(chunks(order, CONFIG.batching.train_batch_size)):
-            accumulate_gradients(expected, batch, rows, None, CONFIG, ref_log_probs)
+            accumulate_gradients(expected, batch, rows, fixed, CONFIG.loss, forwards, max_tokens)
             set_learning_rate(optimizer, scheduled_learning_rate(CONFIG, step, 0, train_batch))
-            optimizer_step(expected, optimizer, CONFIG, guard, step, {})
+            optimizer_step(expected, optimizer, CONFIG.optimizer.max_grad_norm, guard, step, {})
     trained, initial = policy.state_dict(), load_policy(tiny_model_dir, torch.device("cpu"))[0].state_dict()
     assert all(torch.equal(trained[name], tensor) for name, tensor in expected.state_dict().items())
     assert not all(torch.equal(trained[name], tensor) for name, tensor in initial.items())
@@ -207,11 +218,11 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     config = dataclasses.replace(CONFIG, temperature=temperature, min_tokens=0, rollout_is_cap=2.0)
     with engine.serving(policy):
         drawn = draw_rollouts(engine, TRAIN, config, EVAL.stop, step_seed(config.seed, 0))
-    batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config)
+    batch = scored(tokenizer, drawn, config)
     mask = batch.response_mask
     assert mask.sum() > 16
     expected, entropy = tempered_scores(policy, batch, temperature)
-    old_log_probs = compute_old_log_probs(policy, batch, config)
+    old_log_probs = compute_old_log_probs(policy, batch, Forwards.fixed(config))
     engine_diff = (batch.engine_log_probs - expected)[mask].abs().max().item()
     trainer_diff = (old_log_probs - expected)[mask].abs().max().item()
     untempered_diff = (tempered_scores(policy, batch, 1.0)[0] - expected)[mask].abs().max().item()
@@ -223,7 +234,10 @@ def test_at_a_temperature_the_engine_and_the_trainer_score_the_distribution_samp
     assert engine_diff < 1e-3
     assert trainer_diff < 1e-3
     rows = list(range(len(batch.responses)))
-    metrics = accumulate_gradients(policy, batch, rows, old_log_probs, config, ref_log_probs=old_log_probs)
+    fixed = FixedLogProbs(old=old_log_probs, reference=old_log_probs)
+    metrics = accumulate_gradients(
+        policy, batch, rows, fixed, config.loss, Forwards.training(config), config.sampling.max_tokens
+    )
     assert metrics["train/entropy"] == pytest.approx(masked_mean(entropy, mask).item(), rel=1e-4)
 
 
@@ -271,7 +285,7 @@ def test_rollouts_neither_held_nor_requested_fail_at_once(engine_process, tiny_m
     config = dataclasses.replace(CONFIG, n_grpo_steps=7, eval_every=100, max_staleness=2, rollout_is_cap=2.0)
     policy, _ = load_policy(tiny_model_dir, torch.device("cpu"))
     rollouts = grpo_rollouts(engine_process, policy, TRAIN, TRAIN[:8], config, EVAL)
-    nothing = DrawnRollouts([], [], [], sampled_questions=[], sampled_samples=[])
+    nothing = DrawnRollouts([], [], [], [], sampled_questions=[], sampled_samples=[], sampled_scores=[])
     rollouts.start(4, [StepRollouts(4, 2, nothing), StepRollouts(6, 4, nothing)])  # requests no draw: 6 is held
     assert rollouts.batch(4).version == 2
     with pytest.raises(RuntimeError, match="the rollouts of GRPO step 5 were neither held nor requested"):

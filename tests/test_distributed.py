@@ -20,7 +20,9 @@ from reasonrl.config import ConfigError, DistributedConfig, Params, from_dict, p
 from reasonrl.distributed import SINGLE, Ranks, init_ranks
 from reasonrl.grpo import NonFiniteGuard, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
-from reasonrl.prompts import REWARD_FNS, load_prompt
+from reasonrl.prompts import load_prompt
+from reasonrl.rollouts.drawing import score_samples
+from reasonrl.rollouts.types import DrawnRollouts
 from reasonrl.training.optimizer import make_optimizer
 from reasonrl.training.policy import load_policy
 
@@ -169,10 +171,11 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the step's metrics are the whole step's
 
     # The rollout metrics are those of one process on the union, though the ranks' counts differ (data parallel).
-    monkeypatch.setitem(REWARD_FNS, "r1_zero", odd_length_reward)
     by_text = {question.question: question for question in train}
     questions = [by_text[text] for text in drawn]
-    union = SINGLE.mean_metrics(sample_metrics(questions, samples, CONFIG, "rollout/"))
+    group_size = CONFIG.batching.group_size
+    scores = score_samples(questions, samples, group_size, odd_length_reward)
+    union = SINGLE.mean_metrics(sample_metrics(samples, scores, group_size, "rollout/"))
     rewards = [odd_length_reward(sample.text, "")["reward"] for sample in samples]
     correct = [sum(rewards[:half]), sum(rewards[half:])]
     print(f"correct answers per rank's rows {correct}; rollout/response_length_correct logged "
@@ -187,7 +190,12 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     # microbatches: the rank with fewer runs zero-weight ones to keep the collectives in step.
     policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
     prompts = [load_prompt("r1_zero").render(question.question, tokenizer) for question in questions]
-    batch = score_rollouts(tokenizer, questions, prompts, samples, CONFIG)  # the sampled ids as training tensors
+    union_drawn = DrawnRollouts(
+        questions, prompts, samples, scores, sampled_questions=questions, sampled_samples=samples, sampled_scores=scores
+    )
+    loss = CONFIG.loss
+    # the sampled ids as training tensors
+    batch = score_rollouts(tokenizer, union_drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
     counts = [
         len(
             split_microbatches(
@@ -219,7 +227,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
         # The ranks' update, so that the next step's gradients are compared at the ranks' weights.
         for name, parameter in policy.named_parameters():
             parameter.grad = ranks[0]["gradients"][step][name].clone()
-        optimizer_step(policy, optimizer, CONFIG, guard, 0, {})
+        optimizer_step(policy, optimizer, CONFIG.optimizer.max_grad_norm, guard, 0, {})
 
     # The ranks hold the same weights, those of one process applying the same updates; their engines sample from them.
     weights = policy.state_dict()

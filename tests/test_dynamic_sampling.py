@@ -9,7 +9,7 @@ import pytest
 from reasonrl.config import EngineConfig, GRPOConfig
 from reasonrl.data import parse_lines
 from reasonrl.distributed import SINGLE
-from reasonrl.grpo import rollout_metrics
+from reasonrl.grpo import rollout_metrics, score_rollouts
 from reasonrl.prompts import REWARD_FNS
 from reasonrl.rollouts.drawing import draw_rollouts
 from reasonrl.rollouts.engine import RolloutEngine
@@ -103,8 +103,9 @@ def test_the_logged_rollout_figures_are_every_sampled_group_and_the_kept_ones_ap
     what it trains on is logged under ``rollout/kept_``."""
     train, config = setting
     first_round_only, _ = capped
-    without = SINGLE.mean_metrics(rollout_metrics(plain, replace(config, dynamic_sampling=False)))
-    one_round = SINGLE.mean_metrics(rollout_metrics(first_round_only, replace(config, max_sampling_rounds=1)))
+    group_size = config.batching.group_size
+    without = SINGLE.mean_metrics(rollout_metrics(plain, group_size, dynamic_sampling=False))
+    one_round = SINGLE.mean_metrics(rollout_metrics(first_round_only, group_size, dynamic_sampling=True))
     print(f"rollout/reward {without['rollout/reward']:.4f} without dynamic sampling, {one_round['rollout/reward']:.4f}"
           f" with it (kept: {one_round['rollout/kept_reward']:.4f}); zero-variance groups "
           f"{one_round['rollout/zero_variance_group_fraction']:.4f} (kept: "
@@ -118,8 +119,32 @@ def test_the_logged_rollout_figures_are_every_sampled_group_and_the_kept_ones_ap
     # Several rounds: every group sampled in the step, the dropped ones among them, the first round first.
     first_round = [sample.token_ids for sample in plain.samples]
     assert [sample.token_ids for sample in dynamic.sampled_samples[: len(first_round)]] == first_round
-    logged = SINGLE.mean_metrics(rollout_metrics(dynamic, config))
+    logged = SINGLE.mean_metrics(rollout_metrics(dynamic, group_size, dynamic_sampling=True))
     rewards = [odd_length_reward(sample.text, "")["reward"] for sample in dynamic.sampled_samples]
     assert logged["rollout/reward"] == pytest.approx(sum(rewards) / len(rewards))
     groups = len(dynamic.sampled_samples) // config.batching.group_size
     assert logged["rollout/zero_variance_group_fraction"] == pytest.approx(dynamic.dropped_groups / groups)
+
+
+def test_each_sample_is_graded_once_as_it_is_drawn(engine, setting, dynamic):
+    """The draw grades every sample it samples, kept or dropped, once; the step's scores and metrics read those
+    grades, and call the reward no more."""
+    train, config = setting
+    graded = []
+
+    def counted(response: str, ground_truth: str) -> dict[str, float]:
+        graded.append(response)
+        return odd_length_reward(response, ground_truth)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(REWARD_FNS, "r1_zero", counted)
+        drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11)
+        assert graded == [sample.text for sample in drawn.sampled_samples]
+        group_size, loss = config.batching.group_size, config.loss
+        batch = score_rollouts(engine.tokenizer(), drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+        rollout_metrics(drawn, group_size, dynamic_sampling=True)
+        assert len(graded) == len(drawn.sampled_samples)
+    assert drawn.sampled_scores == [odd_length_reward(sample.text, "") for sample in drawn.sampled_samples]
+    assert drawn.scores == [odd_length_reward(sample.text, "") for sample in drawn.samples]
+    assert batch.raw_rewards.tolist() == [score["reward"] for score in drawn.scores]
+    assert [sample.token_ids for sample in drawn.samples] == [sample.token_ids for sample in dynamic.samples]

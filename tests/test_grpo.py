@@ -18,6 +18,8 @@ from reasonrl.distributed import SINGLE, Mean
 from reasonrl.errors import UserError
 from reasonrl.grpo import (
     GRPO_STAGE,
+    FixedLogProbs,
+    Forwards,
     NonFiniteError,
     NonFiniteGuard,
     RolloutBatch,
@@ -28,7 +30,7 @@ from reasonrl.grpo import (
     rollout_metrics,
     step_progress,
 )
-from reasonrl.prompts import REWARD_FNS
+from reasonrl.rollouts.drawing import score_samples
 from reasonrl.rollouts.types import DrawnRollouts, Sample
 from reasonrl.tokenization import batch_from_token_ids
 from reasonrl.training.best import BestCheckpoint
@@ -47,11 +49,16 @@ def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBat
         engine_log_probs=None,
         raw_rewards=torch.tensor(raw_rewards),
         advantages=torch.tensor(advantages),
-        reward_metadata={},
         response_lengths=[len(ids) for ids in response_ids],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
         truncated=torch.tensor([False] * 4),
     )
+
+
+def train_step(model, batch: RolloutBatch, config: GRPOConfig, old: torch.Tensor | None = None) -> dict:
+    """``accumulate_gradients`` over the batch's four rows as one optimizer step of ``config`` (π_old: ``old``)."""
+    fixed, forwards, max_tokens = FixedLogProbs(old=old), Forwards.training(config), config.sampling.max_tokens
+    return accumulate_gradients(model, batch, [0, 1, 2, 3], fixed, config.loss, forwards, max_tokens)
 
 
 def hand_computed(model, batch, per_token_loss_fn):
@@ -85,7 +92,7 @@ def test_reinforce_step_equals_hand_computed_loss_and_gradient(
     )
     expected_loss, expected_grads = hand_computed(tiny_model, batch, lambda lp: -batch.advantages.unsqueeze(-1) * lp)
     tiny_model.zero_grad()
-    metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)
+    metrics = train_step(tiny_model, batch, config)
     assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
     for name, parameter in tiny_model.named_parameters():
         assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
@@ -102,7 +109,7 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
         loss_type="grpo_clip",
         cliprange=0.2,
     )
-    old = compute_old_log_probs(tiny_model, batch, config)
+    old = compute_old_log_probs(tiny_model, batch, Forwards.fixed(config))
     old = old + torch.tensor([-0.5, 0.5, 0.05, 0.0]).unsqueeze(-1)  # rows 0, 1: ratios clipped for their sign of A
     advantages = batch.advantages.unsqueeze(-1)
 
@@ -112,7 +119,7 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
 
     expected_loss, expected_grads = hand_computed(tiny_model, batch, clipped)
     tiny_model.zero_grad()
-    metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], old, config)
+    metrics = train_step(tiny_model, batch, config, old)
     assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
     assert metrics["train/clip_fraction"] == pytest.approx(6 / 10)  # every token of rows 0 and 1 (2 + 4 of 10)
     for name, parameter in tiny_model.named_parameters():
@@ -145,25 +152,25 @@ def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, l
     expected_grads = {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
     tiny_model.zero_grad()
 
-    metrics = accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)
+    metrics = train_step(tiny_model, batch, config)
     assert metrics["train/loss"] == pytest.approx(expected_loss.item(), rel=1e-5)
     for name, parameter in tiny_model.named_parameters():
         assert torch.allclose(parameter.grad, expected_grads[name], atol=1e-6, rtol=1e-4), name
     tiny_model.zero_grad()
     batch.truncated[:] = True
-    assert accumulate_gradients(tiny_model, batch, [0, 1, 2, 3], None, config)["train/loss"] == 0.0
+    assert train_step(tiny_model, batch, config)["train/loss"] == 0.0
     assert all(parameter.grad is None for parameter in tiny_model.parameters())
 
 
 def test_old_log_probs_are_not_differentiable_and_do_not_depend_on_the_split(tiny_model):
     batch = fixed_batch(advantages=[0.0] * 4, raw_rewards=[0.0] * 4)
     whole = GRPOConfig(rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
-    old = compute_old_log_probs(tiny_model, batch, whole)
+    old = compute_old_log_probs(tiny_model, batch, Forwards.fixed(whole))
     assert not old.requires_grad and old.shape == batch.labels.shape
     assert torch.all(old[batch.response_mask] < 0)
     for budget in (6, 8):
         split = GRPOConfig(**{**whole.__dict__, "old_log_probs_microbatch_tokens": budget})
-        recomputed = compute_old_log_probs(tiny_model, batch, split)
+        recomputed = compute_old_log_probs(tiny_model, batch, Forwards.fixed(split))
         torch.testing.assert_close(recomputed[batch.response_mask], old[batch.response_mask], rtol=0, atol=1e-6)
 
 
@@ -200,14 +207,13 @@ def test_the_guard_state_survives_a_checkpoint(tiny_model, tmp_path):
         resumed.allows(2, {"loss": math.nan})
 
 
-def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as_sums_and_counts(monkeypatch):
+def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as_sums_and_counts():
     """Three groups of two over two rounds of dynamic sampling, one dropped (both answers wrong): ``rollout/``
     describes all six samples, as a run without dynamic sampling would, ``rollout/kept_`` the four trained on."""
 
     def exact_match(text: str, truth: str) -> dict[str, float]:
         return dict.fromkeys(("reward", "format_reward", "answer_reward"), float(text == truth))
 
-    monkeypatch.setitem(REWARD_FNS, "r1_zero", exact_match)
     first, second, third = (GSM8KExample(f"q{n}", "", str(n)) for n in (1, 2, 3))
 
     def sample(text: str, length: int, finish: str = "stop_string") -> Sample:
@@ -218,22 +224,22 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
         "2": [sample("y", 4), sample("z", 6, "length")],  # no reward variance: dropped
         "3": [sample("3", 2), sample("w", 7)],  # the second round's
     }
+    questions = {"1": first, "2": second, "3": third}
+    scores = {name: score_samples([questions[name]], group, 2, exact_match) for name, group in groups.items()}
     drawn = DrawnRollouts(
-        [first, third], ["p1", "p3"], groups["1"] + groups["3"],
+        [first, third], ["p1", "p3"], groups["1"] + groups["3"], scores["1"] + scores["3"],
         sampled_questions=[first, second, third], sampled_samples=groups["1"] + groups["2"] + groups["3"],
-        sampling_rounds=2, dropped_groups=1,
+        sampled_scores=scores["1"] + scores["2"] + scores["3"], sampling_rounds=2, dropped_groups=1,
     )  # fmt: skip
-    config = GRPOConfig(rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
-    assert rollout_metrics(drawn, config)["rollout/response_length_correct"] == Mean(5.0, 2)  # a sum and a count
-    sampled = SINGLE.mean_metrics(rollout_metrics(drawn, config))
+    assert rollout_metrics(drawn, 2, False)["rollout/response_length_correct"] == Mean(5.0, 2)  # a sum and a count
+    sampled = SINGLE.mean_metrics(rollout_metrics(drawn, 2, False))
     assert sampled == {
         "rollout/reward": 2 / 6, "rollout/format_reward": 2 / 6, "rollout/answer_reward": 2 / 6,
         "rollout/zero_variance_group_fraction": 1 / 3, "rollout/response_length": 27 / 6,
         "rollout/response_length_correct": 2.5, "rollout/response_length_incorrect": 5.5,
         "rollout/truncated_fraction": 1 / 6,
     }  # fmt: skip
-    dynamic = GRPOConfig(**{**config.__dict__, "dynamic_sampling": True})
-    logged = SINGLE.mean_metrics(rollout_metrics(drawn, dynamic))
+    logged = SINGLE.mean_metrics(rollout_metrics(drawn, 2, dynamic_sampling=True))
     assert {name: value for name, value in logged.items() if "kept" not in name} == sampled
     assert {name: value for name, value in logged.items() if "kept" in name} == {
         "rollout/kept_reward": 0.5, "rollout/kept_format_reward": 0.5, "rollout/kept_answer_reward": 0.5,
@@ -242,8 +248,11 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
         "rollout/kept_truncated_fraction": 0.0,
     }  # fmt: skip
     # A mean over nothing (no correct answer among the dropped group's) is left out, not logged as 0.
-    dropped = DrawnRollouts([second], ["p2"], groups["2"], sampled_questions=[second], sampled_samples=groups["2"])
-    logged = SINGLE.mean_metrics(rollout_metrics(dropped, config))
+    dropped = DrawnRollouts(
+        [second], ["p2"], groups["2"], scores["2"],
+        sampled_questions=[second], sampled_samples=groups["2"], sampled_scores=scores["2"],
+    )  # fmt: skip
+    logged = SINGLE.mean_metrics(rollout_metrics(dropped, 2, False))
     assert "rollout/response_length_correct" not in logged and logged["rollout/response_length_incorrect"] == 5.0
 
 

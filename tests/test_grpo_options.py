@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, GRPOConfig
-from reasonrl.grpo import NonFiniteGuard, frozen_reference, has_learning_signal, optimizer_step
+from reasonrl.grpo import KLReference, NonFiniteGuard, has_learning_signal, optimizer_step
 from reasonrl.losses import compute_kl
 from tests.test_grpo import fixed_batch
 
@@ -19,10 +19,10 @@ def test_kl_reference_is_the_policy_as_loaded_in_its_own_dtype(tiny_model):
     The reference copies the policy, whatever its dtype: the penalty at step 0 is exactly 0."""
     batch = fixed_batch(advantages=[1.0, -1.0, 0.5, -0.5], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     config = GRPOConfig(**SMALL, kl_coef=0.1)
-    assert frozen_reference(tiny_model, GRPOConfig(**SMALL)) is None
+    assert KLReference.of(tiny_model, GRPOConfig(**SMALL).loss.kl_coef, 0) is None
     for dtype in (torch.float32, torch.bfloat16):
         policy = copy.deepcopy(tiny_model).to(dtype)
-        reference = frozen_reference(policy, config)
+        reference = KLReference.of(policy, config.loss.kl_coef, config.lora.lora_rank).frozen
         assert reference is not policy and not any(p.requires_grad for p in reference.parameters())
         assert all(p.dtype == dtype for p in reference.parameters())
         with torch.no_grad():
@@ -34,24 +34,24 @@ def test_kl_reference_is_the_policy_as_loaded_in_its_own_dtype(tiny_model):
             next(policy.parameters()).add_(1.0)  # training the policy leaves the reference where it started
         assert not torch.equal(next(policy.parameters()), next(reference.parameters()))
     lora = GRPOConfig(**SMALL, kl_coef=0.1, lora_rank=4)
-    assert frozen_reference(tiny_model, lora) is tiny_model  # run with its adapters off
+    assert KLReference.of(tiny_model, lora.loss.kl_coef, lora.lora.lora_rank).frozen is None  # the policy, adapters off
 
 
 def test_a_step_without_signal_is_recognised():
     """All-zero loss weights give a zero gradient, which AdamW's momentum would still turn into an update."""
     config = GRPOConfig(**SMALL)
     zero = fixed_batch(advantages=[0.0] * 4, raw_rewards=[1.0] * 4)
-    assert not has_learning_signal(zero, [0, 1, 2, 3], config)
-    no_baseline = GRPOConfig(**{**config.__dict__, "loss_type": "no_baseline"})
+    assert not has_learning_signal(zero, [0, 1, 2, 3], config.loss)
+    no_baseline = GRPOConfig(**{**config.__dict__, "loss_type": "no_baseline"}).loss
     assert has_learning_signal(zero, [0, 1, 2, 3], no_baseline)  # its weight is the raw reward
     assert not has_learning_signal(fixed_batch([1.0] * 4, [0.0] * 4), [0, 1, 2, 3], no_baseline)
-    assert has_learning_signal(zero, [0, 1], GRPOConfig(**{**config.__dict__, "kl_coef": 0.1}))  # KL still pulls
+    assert has_learning_signal(zero, [0, 1], GRPOConfig(**{**config.__dict__, "kl_coef": 0.1}).loss)  # KL still pulls
     some = fixed_batch(advantages=[0.0, 0.0, 1.0, -1.0], raw_rewards=[0.0] * 4)
-    assert has_learning_signal(some, [0, 1, 2, 3], config) and not has_learning_signal(some, [0, 1], config)
+    assert has_learning_signal(some, [0, 1, 2, 3], config.loss) and not has_learning_signal(some, [0, 1], config.loss)
     some.truncated = torch.tensor([False, False, True, True])
-    masked = GRPOConfig(**{**config.__dict__, "mask_truncated": True})
+    masked = GRPOConfig(**{**config.__dict__, "mask_truncated": True}).loss
     assert not has_learning_signal(some, [0, 1, 2, 3], masked)  # the rows with signal get no loss
-    assert has_learning_signal(fixed_batch([float("nan")] * 4, [0.0] * 4), [0, 1], config)  # for the NaN guard
+    assert has_learning_signal(fixed_batch([float("nan")] * 4, [0.0] * 4), [0, 1], config.loss)  # for the NaN guard
 
 
 def test_zero_gradient_still_moves_adamw_weights():
@@ -82,7 +82,7 @@ def test_a_step_short_of_a_train_batch_scales_its_learning_rate(tiny_model):
     for parameter, other in zip(model.parameters(), twin.parameters(), strict=True):
         parameter.grad = torch.full_like(parameter, 1e-3)
         other.grad = parameter.grad.clone()
-    metrics = optimizer_step(model, optimizer, config, NonFiniteGuard(3), 0, {}, share=0.5)
+    metrics = optimizer_step(model, optimizer, config.optimizer.max_grad_norm, NonFiniteGuard(3), 0, {}, share=0.5)
     torch.nn.utils.clip_grad_norm_(twin.parameters(), config.optimizer.max_grad_norm)
     halved.step()
     assert metrics["train/learning_rate"] == pytest.approx(config.optimizer.learning_rate / 2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, GRPOConfig
-from reasonrl.grpo import accumulate_gradients, has_learning_signal
+from reasonrl.grpo import FixedLogProbs, Forwards, accumulate_gradients, has_learning_signal
 from reasonrl.loss_registry import LOSS_TYPES, LossSettings, register_loss
 from reasonrl.losses import compute_policy_gradient_loss, grpo_microbatch_train_step
 from tests.test_grpo import fixed_batch
@@ -104,10 +104,12 @@ def test_a_loss_type_registered_in_the_registry_alone_reaches_the_grpo_loop(thro
     with pytest.raises(ConfigError, match=f"only grpo_clip clips; .* \\(it is {throwaway}\\)"):
         GRPOConfig(**OFF_POLICY, loss_type=throwaway, cliprange_high=0.28)
     rewards_only = fixed_batch(advantages=[0.0] * 4, raw_rewards=[1.0, 0.0, 0.0, 0.0])
-    assert has_learning_signal(rewards_only, [0, 1], config) and not has_learning_signal(rewards_only, [2, 3], config)
+    signal = [has_learning_signal(rewards_only, rows, config.loss) for rows in ([0, 1], [2, 3])]
+    assert signal == [True, False]
     tiny_model.zero_grad()
     old = torch.full(rewards_only.response_mask.shape, -50.0)  # every ratio π/π_old above 1
-    metrics = accumulate_gradients(tiny_model, rewards_only, [0, 1, 2, 3], old, config)
+    fixed, forwards, max_tokens = FixedLogProbs(old=old), Forwards.training(config), config.sampling.max_tokens
+    metrics = accumulate_gradients(tiny_model, rewards_only, [0, 1, 2, 3], fixed, config.loss, forwards, max_tokens)
     tiny_model.zero_grad()
     assert metrics["train/ratio_above_one_fraction"] == pytest.approx(1.0)
     assert "train/clip_fraction" not in metrics

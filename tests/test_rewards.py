@@ -66,17 +66,30 @@ def test_a_users_reward_grades_wherever_its_prompt_is_used(params_file, tiny_tok
 
 
 def test_grpo_scores_rollouts_with_the_users_reward(params_file):
-    from reasonrl.grpo import sample_metrics
+    """A GRPO step's draw grades its samples with the user's reward; the step's metrics read those grades."""
+    from reasonrl.grpo import rollout_metrics
+    from reasonrl.rollouts.drawing import draw_rollouts
 
     specs = load_params(with_rewards(params_file, r1_zero=TOLERANT)).rewards.specs
     config = GRPOConfig()
     wrong = " 3 * 100 = 350 </think> <answer> 350 </answer>"  # well-formed: the tolerant reward's partial credit
     texts = [NEAR, wrong] * (config.batching.group_size // 2)
     samples = [Sample(text, [1], None, prompt_token_ids=[2], finish="stop_string") for text in texts]
+
+    class Engine:  # samples the texts above for the one question
+        def tokenizer(self):
+            return None
+
+        def generate(self, prompts, n, **sampling):
+            return [samples for _ in prompts]
+
     questions = [GSM8KExample("q", "", "300")]
-    mean = sample_metrics(questions, samples, config, "", specs)["reward"]
+    group_size = config.batching.group_size
+    drawn = draw_rollouts(Engine(), questions, config, stop=[], step_seed=0, rewards=specs)
+    mean = rollout_metrics(drawn, group_size, dynamic_sampling=False)["rollout/reward"]
     assert mean.total / mean.count == pytest.approx(0.55)
-    assert sample_metrics(questions, samples, config, "")["reward"].total == 0.0
+    built_in = draw_rollouts(Engine(), questions, config, stop=[], step_seed=0)
+    assert rollout_metrics(built_in, group_size, dynamic_sampling=False)["rollout/reward"].total == 0.0
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,7 @@ def test_a_short_step_scales_the_scheduled_rate_and_leaves_it_for_the_next():
     policy(torch.ones(1, 2)).sum().backward()
     scheduled = scheduled_learning_rate(config, 2, 1, 0)
     set_learning_rate(optimizer, scheduled)
-    metrics = optimizer_step(policy, optimizer, config, NonFiniteGuard(3), 2, {}, share=0.25)
+    metrics = optimizer_step(policy, optimizer, config.optimizer.max_grad_norm, NonFiniteGuard(3), 2, {}, share=0.25)
     assert scheduled != config.optimizer.learning_rate
     assert metrics["train/learning_rate"] == pytest.approx(scheduled * 0.25)
     assert optimizer.param_groups[0]["lr"] == scheduled

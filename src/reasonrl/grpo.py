@@ -1,9 +1,13 @@
 """GRPO with a verifiable reward (CS336 a5 Algorithm 3), on- or off-policy, resumable.
 
-One step: load the policy's weights into the rollout engine and sample ``group_size`` answers to each of
-``rollout_batch_size / group_size`` questions (the engine sleeps again afterwards) → score them → group-normalised
-advantages → (off-policy losses) old log-probs, once, without gradient → ``epochs_per_rollout_batch`` passes over
-the batch in optimizer steps of ``train_batch_size`` responses. ``run_grpo`` reads top to bottom in that order.
+One step, as ``run_grpo`` reads top to bottom: 1. rollouts: ``group_size`` answers to each of ``rollout_batch_size /
+group_size`` questions, sampled by the rollout engine loaded with the policy (lag 0: this step's; ``max_staleness``
+k ≥ 1: that of k steps before, in the engine's own process), each graded once as it is drawn → 2. scores:
+group-normalised advantages of those grades, training tensors → 3. fixed log-probs, once, without gradient: π_old
+(off-policy losses), π_ref (the KL penalty), the importance weights (``rollout_is_cap``) → 4. update:
+``epochs_per_rollout_batch`` passes over the batch in optimizer steps of ``train_batch_size`` responses → 5. the new
+weights to the engine → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the
+few values they use.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import functools
 import hashlib
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -41,14 +45,13 @@ from reasonrl.errors import UserError
 from reasonrl.lora import adapters_disabled
 from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.losses import (
-    compute_group_normalized_rewards,
+    group_normalized_advantages,
     grpo_microbatch_train_step,
     masked_mean,
     rollout_importance_weights,
 )
 from reasonrl.models import compute_precision
-from reasonrl.rewards import prompt_reward
-from reasonrl.rollouts.drawing import draw_rollouts, step_seed, wants_engine_log_probs
+from reasonrl.rollouts.drawing import draw_rollouts, step_seed
 from reasonrl.rollouts.sources import in_flight_versions, open_rollouts
 from reasonrl.rollouts.types import StepRollouts
 from reasonrl.tokenization import batch_from_token_ids
@@ -69,12 +72,12 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, Precision
+    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.process import RolloutProcess
     from reasonrl.rollouts.sources import RolloutSource
-    from reasonrl.rollouts.types import DrawnRollouts, Sample
+    from reasonrl.rollouts.types import DrawnRollouts, Sample, Scores
 
 EXAMPLES_PER_EVAL = 4
 
@@ -119,7 +122,6 @@ class RolloutBatch:
     engine_log_probs: torch.Tensor | None  # [N, L], the sampled tokens' log-probs under the engine
     raw_rewards: torch.Tensor  # [N]
     advantages: torch.Tensor  # [N]
-    reward_metadata: dict[str, float]
     response_lengths: list[int]
     """Generated tokens per response, a final EOS not counted (``response_mask`` does count it: it is trained on)."""
     sequence_lengths: list[int]
@@ -130,74 +132,69 @@ class RolloutBatch:
 
 def score_rollouts(
     tokenizer: PreTrainedTokenizerBase,
-    questions: list[GSM8KExample],
-    prompts: list[str],
-    samples: list[Sample],
-    config: GRPOConfig,
-    rewards: Mapping[str, str] | None = None,
+    drawn: DrawnRollouts,
+    group_size: int,
+    advantage_eps: float,
+    use_std_normalization: bool,
 ) -> RolloutBatch:
-    """Rewards (``rewards[config.prompt]``; None: the prompt's built-in) and group-normalised advantages; training
-    tensors from the exact sampled token ids."""
-    group = config.group_size
-    responses = [sample.text for sample in samples]
-    ground_truths = [example.answer for example in questions for _ in range(group)]
-    advantages, raw_rewards, reward_metadata = compute_group_normalized_rewards(
-        prompt_reward(config.prompt, rewards),
-        responses,
-        ground_truths,
-        group,
-        config.advantage_eps,
-        config.use_std_normalization,
+    """The group-normalised advantages of the samples' grades (given as they were drawn:
+    :func:`reasonrl.losses.group_normalized_advantages`); training tensors from the exact sampled token ids, with the
+    engine's log-probs of them when it returned them."""
+    samples = drawn.samples
+    advantages, raw_rewards = group_normalized_advantages(
+        [score["reward"] for score in drawn.scores], group_size, advantage_eps, use_std_normalization
     )
     # The ids the engine conditioned on, not a re-tokenization (which could drop or add a BOS token).
     prompt_ids = [sample.prompt_token_ids for sample in samples]
     tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
     engine_log_probs = None
-    if wants_engine_log_probs(config):
+    if all(sample.logprobs is not None for sample in samples):
         engine_log_probs = torch.zeros(tensors["labels"].shape)  # [N, L]
         for row, (ids, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
             start = len(ids) - 1  # labels are shifted by one: response token t sits at label index len(prompt)-1+t
             engine_log_probs[row, start : start + len(sample.logprobs)] = torch.tensor(sample.logprobs)
     return RolloutBatch(
-        prompts=[prompt for prompt in prompts for _ in range(group)],
-        responses=responses,
-        ground_truths=ground_truths,
+        prompts=[prompt for prompt in drawn.prompts for _ in range(group_size)],
+        responses=[sample.text for sample in samples],
+        ground_truths=[example.answer for example in drawn.questions for _ in range(group_size)],
         **tensors,
         engine_log_probs=engine_log_probs,
         raw_rewards=raw_rewards,
         advantages=advantages,
-        reward_metadata=reward_metadata,
         response_lengths=[sample.length for sample in samples],
         sequence_lengths=sequence_lengths(tensors["response_mask"]),
         truncated=torch.tensor([sample.finish == "length" for sample in samples]),
     )
 
 
-def rollout_metrics(
-    drawn: DrawnRollouts, config: GRPOConfig, rewards: Mapping[str, str] | None = None
-) -> dict[str, Mean]:
+def summarize_rollouts(
+    step_rollouts: StepRollouts, group_size: int, dynamic_sampling: bool, ranks: Ranks = SINGLE
+) -> dict[str, float]:
+    """What a step logs of its rollouts with each of its optimizer steps: :func:`rollout_metrics` over every rank's
+    samples, this rank's sampling rounds (and dropped groups, with dynamic sampling) and the policy lag."""
+    drawn = step_rollouts.drawn
+    summary = ranks.mean_metrics(rollout_metrics(drawn, group_size, dynamic_sampling))
+    summary["rollout/sampling_rounds"] = drawn.sampling_rounds
+    summary["rollout/policy_lag"] = step_rollouts.policy_lag
+    if dynamic_sampling:
+        summary["rollout/dropped_groups"] = drawn.dropped_groups
+    return summary
+
+
+def rollout_metrics(drawn: DrawnRollouts, group_size: int, dynamic_sampling: bool) -> dict[str, Mean]:
     """What a step logs of its rollouts: every group it sampled under ``rollout/`` (with dynamic sampling the dropped
     ones and every round too, so the figures are those a run without it logs), and with dynamic sampling the groups
     kept to train on, apart, under ``rollout/kept_``. Sums and counts: :meth:`Ranks.mean_metrics` divides them."""
-    metrics = sample_metrics(drawn.sampled_questions, drawn.sampled_samples, config, "rollout/", rewards)
-    if config.dynamic_sampling:
-        metrics |= sample_metrics(drawn.questions, drawn.samples, config, "rollout/kept_", rewards)
+    metrics = sample_metrics(drawn.sampled_samples, drawn.sampled_scores, group_size, "rollout/")
+    if dynamic_sampling:
+        metrics |= sample_metrics(drawn.samples, drawn.scores, group_size, "rollout/kept_")
     return metrics
 
 
-def sample_metrics(
-    questions: list[GSM8KExample],
-    samples: list[Sample],
-    config: GRPOConfig,
-    prefix: str,
-    rewards: Mapping[str, str] | None = None,
-) -> dict[str, Mean]:
-    """Rewards (``rewards[config.prompt]``; None: the prompt's built-in), the fraction of groups without reward
-    variance, response lengths in tokens (all, correct, incorrect) and the truncated fraction of ``group_size``
-    samples per question, group after group."""
-    reward_fn, group = prompt_reward(config.prompt, rewards), config.group_size
-    answers = [question.answer for question in questions for _ in range(group)]
-    scores = [reward_fn(sample.text, answer) for sample, answer in zip(samples, answers, strict=True)]
+def sample_metrics(samples: list[Sample], scores: list[Scores], group_size: int, prefix: str) -> dict[str, Mean]:
+    """Rewards (the samples' grades), the fraction of groups without reward variance, response lengths in tokens
+    (all, correct, incorrect) and the truncated fraction of ``group_size`` samples per question, group after
+    group."""
     rewards = [score["reward"] for score in scores]
     correct = [sample.length for sample, reward in zip(samples, rewards, strict=True) if reward == 1.0]
     incorrect = [sample.length for sample, reward in zip(samples, rewards, strict=True) if reward != 1.0]
@@ -206,7 +203,7 @@ def sample_metrics(
         "format_reward": Mean.of(score["format_reward"] for score in scores),
         "answer_reward": Mean.of(score["answer_reward"] for score in scores),
         "zero_variance_group_fraction": Mean.of(
-            float(len(set(rewards[start : start + group])) == 1) for start in range(0, len(rewards), group)
+            float(len(set(rewards[start : start + group_size])) == 1) for start in range(0, len(rewards), group_size)
         ),
         "response_length": Mean.of(sample.length for sample in samples),
         "response_length_correct": Mean.of(correct),
@@ -230,21 +227,59 @@ def grpo_rollouts(
     """The loop's source of rollouts (:func:`reasonrl.rollouts.sources.open_rollouts`) drawing from ``engine``: each
     step's draw (:func:`reasonrl.rollouts.drawing.draw_rollouts` on ``train``) and each validation (on ``val``), with
     the run's arguments, whichever process the engine runs in."""
+    cadence = config.cadence
     draw = functools.partial(
         draw_rollouts, train=train, config=config, stop=eval_config.stop, ranks=ranks, rewards=rewards
     )
     check = functools.partial(
-        validate, val=val, eval_config=eval_config, num_examples=config.eval_examples, prompt_name=config.prompt,
+        validate, val=val, eval_config=eval_config, num_examples=cadence.eval_examples, prompt_name=config.prompt,
         seed=config.seed, ranks=ranks, rewards=rewards,
     )  # fmt: skip
     return open_rollouts(
-        engine, policy, draw, check, seed=config.seed, max_staleness=config.max_staleness,
+        engine, policy, draw, check, seed=config.seed, max_staleness=config.asynchrony.max_staleness,
         n_steps=config.n_grpo_steps,
-        validates=functools.partial(is_eval_step, eval_every=config.eval_every, total_steps=config.n_grpo_steps),
+        validates=functools.partial(is_eval_step, eval_every=cadence.eval_every, total_steps=config.n_grpo_steps),
     )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class Forwards:
+    """How the trainer scores responses: the log-probs (and entropy) of the distribution they were sampled from,
+    ``softmax(logits / temperature)``, computed in ``precision``; ``microbatch_size`` rows a forward, or with
+    ``microbatch_tokens`` the rows sorted by length, rows × longest ≤ it (:func:`reasonrl.batching.split_microbatches`).
+    """
+
+    temperature: float
+    precision: Precision
+    microbatch_size: int
+    microbatch_tokens: int | None = None
+
+    @classmethod
+    def training(cls, config: GRPOConfig) -> Forwards:
+        """The update's forwards and backwards, in microbatches of ``grpo.microbatch_tokens``."""
+        batching = config.batching
+        return cls(config.sampling.temperature, config.precision, batching.microbatch_size, batching.microbatch_tokens)
+
+    @classmethod
+    def fixed(cls, config: GRPOConfig) -> Forwards:
+        """The fixed log-probs' forwards, without gradient, in microbatches of ``grpo.old_log_probs_microbatch_tokens``
+        (no activations are kept, so they can be large)."""
+        batching = config.batching
+        tokens = batching.old_log_probs_microbatch_tokens
+        return cls(config.sampling.temperature, config.precision, batching.microbatch_size, tokens)
+
+    def microbatches(self, rows: list[int], lengths: list[int], ranks: Ranks = SINGLE) -> list[list[int]]:
+        """``rows`` (of sequence ``lengths``, by row) in microbatches, as many on every rank (:func:`equal_counts`)."""
+        return equal_counts(split_microbatches(rows, lengths, self.microbatch_size, self.microbatch_tokens), ranks)
+
+
+def equal_counts(parts: list[list[int]], ranks: Ranks) -> list[list[int]]:
+    """``parts`` padded with empty microbatches to the most any rank has: FSDP2 gathers parameters in every forward,
+    a collective every rank must join. An empty microbatch runs a forward on row 0 and counts for nothing."""
+    return parts + [[]] * (ranks.max(len(parts)) - len(parts))
+
+
 def policy_log_probs(
     policy: PreTrainedModel,
     batch: RolloutBatch,
@@ -271,40 +306,96 @@ def policy_log_probs(
 
 
 def compute_old_log_probs(
-    policy: PreTrainedModel, batch: RolloutBatch, config: GRPOConfig, ranks: Ranks = SINGLE
+    policy: PreTrainedModel, batch: RolloutBatch, forwards: Forwards, ranks: Ranks = SINGLE
 ) -> torch.Tensor:
-    """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref) at the sampling
-    temperature ``config.temperature``, ``[N, L]``, once per rollout batch and never differentiated; in microbatches
-    of ``old_log_probs_microbatch_tokens`` (no activations are kept, so they can be large)."""
+    """Log-probs of every sampled token under ``policy`` (π_old, or the frozen reference π_ref), ``[N, L]``, once per
+    rollout batch and never differentiated, in ``forwards``' microbatches."""
     rows = list(range(len(batch.responses)))
-    parts = split_microbatches(
-        rows, batch.sequence_lengths, config.microbatch_size, config.old_log_probs_microbatch_tokens
-    )
+    parts = forwards.microbatches(rows, batch.sequence_lengths, ranks)
     old_log_probs = torch.zeros(batch.labels.shape)  # [N, L]
-    for part in equal_counts(parts, ranks):
+    for part in parts:
         with inference_context(policy):
-            scored = policy_log_probs(policy, batch, part or [0], config.precision, temperature=config.temperature)
+            scored = policy_log_probs(policy, batch, part or [0], forwards.precision, temperature=forwards.temperature)
             scored = scored["log_probs"].float().cpu()
         if part:
             old_log_probs[part] = scored
     return old_log_probs
 
 
-def equal_counts(parts: list[list[int]], ranks: Ranks) -> list[list[int]]:
-    """``parts`` padded with empty microbatches to the most any rank has: FSDP2 gathers parameters in every forward,
-    a collective every rank must join. An empty microbatch runs a forward on row 0 and counts for nothing."""
-    return parts + [[]] * (ranks.max(len(parts)) - len(parts))
+@dataclass(frozen=True)
+class KLReference:
+    """π_ref, the reference of the KL penalty: the init model, frozen. Without LoRA a copy of the policy as loaded, in
+    the same dtype and computed in the same precision, so the penalty is exactly 0 before the first update (a bf16
+    reference beside an fp32 ``mixed`` policy differs by up to 0.28 nat per token at step 0); with LoRA the policy
+    itself, its adapters off, at no extra memory."""
+
+    frozen: PreTrainedModel | None
+    """The frozen copy; None with LoRA."""
+
+    @classmethod
+    def of(cls, policy: PreTrainedModel, kl_coef: float, lora_rank: int) -> KLReference | None:
+        """``policy``'s reference, taken as it is loaded (before it is wrapped for training or resumed); None when
+        ``kl_coef`` is 0 (no penalty)."""
+        if kl_coef == 0:
+            return None
+        return cls(None if lora_rank > 0 else copy.deepcopy(policy).eval().requires_grad_(False))
+
+    def log_probs(
+        self, trainer: torch.nn.Module, batch: RolloutBatch, forwards: Forwards, ranks: Ranks = SINGLE
+    ) -> torch.Tensor:
+        """π_ref's log-probs of the batch (:func:`compute_old_log_probs`); with LoRA through ``trainer``, the scorer
+        the loop trains the policy through, its adapters off."""
+        if self.frozen is not None:
+            return compute_old_log_probs(self.frozen, batch, forwards)  # this rank's own copy: no collective to join
+        with adapters_disabled(trainer):
+            return compute_old_log_probs(trainer, batch, forwards, ranks)
+
+
+@dataclass(frozen=True)
+class FixedLogProbs:
+    """What a step's optimizer steps hold fixed, computed once per rollout batch without gradient, ``[N, L]`` each
+    (None where the loss does not use it): π_old, π_ref, and the importance weights min(π_old / μ, cap)."""
+
+    old: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+    importance_weights: torch.Tensor | None = None
+
+
+def fixed_log_probs(
+    trainer: torch.nn.Module,
+    batch: RolloutBatch,
+    reference: KLReference | None,
+    config: GRPOConfig,
+    ranks: Ranks = SINGLE,
+) -> tuple[FixedLogProbs, dict[str, float]]:
+    """π_old (for a loss with an importance ratio, or the importance weights: the engine's log-probs with
+    ``old_log_probs_from: engine``, else the trainer's), π_ref (with a KL penalty) and, with ``rollout_is_cap``,
+    the importance weights and their figures (``train/is_*``)."""
+    asynchrony, forwards = config.asynchrony, Forwards.fixed(config)
+    old = reference_log_probs = importance_weights = None
+    if LOSS_TYPES[config.loss.loss_type].needs_old_log_probs or asynchrony.rollout_is_cap is not None:
+        from_engine = asynchrony.old_log_probs_from == "engine"
+        old = batch.engine_log_probs if from_engine else compute_old_log_probs(trainer, batch, forwards, ranks)
+    if reference is not None:
+        reference_log_probs = reference.log_probs(trainer, batch, forwards, ranks)
+    figures = {}
+    if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap)
+        importance_weights, corrections = rollout_importance_weights(
+            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap
+        )
+        figures = {f"train/{name}": value.item() for name, value in corrections.items()}
+    return FixedLogProbs(old, reference_log_probs, importance_weights), figures
 
 
 def accumulate_gradients(
     policy: PreTrainedModel,
     batch: RolloutBatch,
     rows: list[int],
-    old_log_probs: torch.Tensor | None,
-    config: GRPOConfig,
-    ref_log_probs: torch.Tensor | None = None,
+    fixed: FixedLogProbs,
+    loss: GRPOLoss,
+    forwards: Forwards,
+    max_tokens: int,
     ranks: Ranks = SINGLE,
-    importance_weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Backward through ``grpo_microbatch_train_step`` for each microbatch of ``rows`` (one optimizer step's worth);
     gradients are left in ``.grad``. Returns the step's loss, entropy, and (when they apply) clip fractions and KL.
@@ -314,21 +405,20 @@ def accumulate_gradients(
     the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step:
     under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
     normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
-    tokens. Log-probs and entropy are those of the distribution the responses were sampled from, at
-    ``config.temperature``.
+    tokens. Log-probs and entropy are those of the distribution the responses were sampled from (``forwards``).
 
-    ``importance_weights`` (``[N, L]``, ``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
+    ``fixed.importance_weights`` (``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
 
     Over several ranks, ``rows`` are this rank's share of the step: each microbatch is weighted by the step's rows
     on all ranks, so the gradients DDP or FSDP2 average in the last microbatch's backward (the only one that syncs)
     are those of the whole step, and the metrics returned are the whole step's on every rank.
     """
     all_rows = ranks.sum(len(rows))
-    if config.mask_truncated:
+    if loss.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
     token_means = {"train/entropy": 0.0}
-    token_means |= {f"train/{metric}": 0.0 for metric in LOSS_TYPES[config.loss_type].token_metrics}
-    if config.kl_coef > 0:
+    token_means |= {f"train/{metric}": 0.0 for metric in LOSS_TYPES[loss.loss_type].token_metrics}
+    if loss.kl_coef > 0:
         token_means["train/kl"] = 0.0
     step_rows = ranks.sum(len(rows))
     if not step_rows:
@@ -336,28 +426,26 @@ def accumulate_gradients(
         return {"train/loss": 0.0} | token_means
     # Dr. GRPO's per-sequence constant (max_tokens) is only constant if the step's sequences all count, truncated ones
     # with zero loss: dividing by the kept rows would scale the step up with the truncation rate.
-    weighted_rows = all_rows if config.length_normalization == "masked_normalize" else step_rows
+    weighted_rows = all_rows if loss.length_normalization == "masked_normalize" else step_rows
     step_tokens = ranks.sum(batch.response_mask[rows].sum().item())
-    loss = 0.0
-    parts = equal_counts(
-        split_microbatches(rows, batch.sequence_lengths, config.microbatch_size, config.microbatch_tokens), ranks
-    )
+    total_loss = 0.0
+    parts = forwards.microbatches(rows, batch.sequence_lengths, ranks)
     for index, part in enumerate(parts):
         with gradient_sync(policy, enabled=index == len(parts) - 1):
             if not part:
-                scored = policy_log_probs(policy, batch, [0], config.precision, temperature=config.temperature)
+                scored = policy_log_probs(policy, batch, [0], forwards.precision, temperature=forwards.temperature)
                 (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
                 continue
             accumulation = weighted_rows / (ranks.world_size * len(part))
             step_loss, metadata, scored, mask = _microbatch_step(
-                policy, batch, part, old_log_probs, ref_log_probs, config, accumulation, importance_weights
+                policy, batch, part, fixed, loss, forwards, accumulation, max_tokens
             )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
-        loss += step_loss.item()
+        total_loss += step_loss.item()
         metadata["entropy"] = masked_mean(scored["token_entropy"], mask)
         for name in token_means:
             token_means[name] += metadata[name.removeprefix("train/")].item() * share
-    return {"train/loss": ranks.sum(loss) / ranks.world_size} | {
+    return {"train/loss": ranks.sum(total_loss) / ranks.world_size} | {
         name: ranks.sum(value) for name, value in token_means.items()
     }
 
@@ -366,65 +454,56 @@ def _microbatch_step(
     policy: PreTrainedModel,
     batch: RolloutBatch,
     part: list[int],
-    old_log_probs: torch.Tensor | None,
-    ref_log_probs: torch.Tensor | None,
-    config: GRPOConfig,
+    fixed: FixedLogProbs,
+    loss: GRPOLoss,
+    forwards: Forwards,
     gradient_accumulation_steps: float,
-    importance_weights: torch.Tensor | None = None,
+    max_tokens: int,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
     device = next(policy.parameters()).device
-    scored = policy_log_probs(policy, batch, part, config.precision, with_entropy=True, temperature=config.temperature)
+    scored = policy_log_probs(
+        policy, batch, part, forwards.precision, with_entropy=True, temperature=forwards.temperature
+    )
     mask = batch.response_mask[part].to(device)  # [b, L]
     step_loss, metadata = grpo_microbatch_train_step(
         scored["log_probs"],
         mask,
         gradient_accumulation_steps,
-        config.loss_type,
+        loss.loss_type,
         raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
         advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
-        old_log_probs=None if old_log_probs is None else old_log_probs[part].to(device),
-        cliprange=config.cliprange,
-        length_normalization=config.length_normalization,
-        normalize_constant=config.max_tokens,
-        cliprange_high=config.cliprange_high,
-        ref_log_probs=None if ref_log_probs is None else ref_log_probs[part].to(device),
-        kl_coef=config.kl_coef,
-        kl_estimator=config.kl_estimator,
-        importance_weights=None if importance_weights is None else importance_weights[part].to(device),
+        old_log_probs=None if fixed.old is None else fixed.old[part].to(device),
+        cliprange=loss.cliprange,
+        length_normalization=loss.length_normalization,
+        normalize_constant=max_tokens,
+        cliprange_high=loss.cliprange_high,
+        ref_log_probs=None if fixed.reference is None else fixed.reference[part].to(device),
+        kl_coef=loss.kl_coef,
+        kl_estimator=loss.kl_estimator,
+        importance_weights=None if fixed.importance_weights is None else fixed.importance_weights[part].to(device),
     )
     return step_loss, metadata, scored, mask
 
 
-def frozen_reference(policy: PreTrainedModel, config: GRPOConfig) -> PreTrainedModel | None:
-    """The KL penalty's reference (``kl_coef > 0``): the init model, frozen. With LoRA it is ``policy`` itself (run
-    with its adapters off); otherwise a copy of ``policy`` as loaded, in the same dtype and computed in the same
-    precision, so the penalty is exactly 0 before the first update (a bf16 reference beside an fp32 ``mixed``
-    policy differs by up to 0.28 nat per token at step 0)."""
-    if config.kl_coef == 0:
-        return None
-    if config.lora_rank > 0:
-        return policy
-    return copy.deepcopy(policy).eval().requires_grad_(False)
-
-
 def optimizer_step(
-    policy: PreTrainedModel,
+    trainer: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    config: GRPOConfig,
+    max_grad_norm: float,
     guard: NonFiniteGuard,
     step: int,
     checks: dict[str, Any],
     ranks: Ranks = SINGLE,
     share: float = 1.0,
 ) -> dict[str, float]:
-    """Clip and apply the accumulated gradients, unless something is NaN/Inf (then skip and count). Over several
-    ranks each check is summed over them first, so a NaN on one rank skips the step on all of them together.
+    """Clip ``trainer``'s accumulated gradients to ``max_grad_norm`` and apply them, unless something is NaN/Inf
+    (then skip and count). Over several ranks each check is summed over them first, so a NaN on one rank skips the
+    step on all of them together.
 
     ``share``: the step's rows over a full ``train_batch_size``, below 1 only when dynamic sampling ran out of rounds
     short of groups. The step's learning rate is scaled by it (the linear scaling rule, arXiv:1706.02677): a mean over
     fewer samples is a noisier estimate, and AdamW would otherwise move the weights as far as on a full step."""
-    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm))
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(trainer.parameters(), max_grad_norm))
     if ranks.distributed:
         checks = {
             name: ranks.sum(torch.as_tensor(value, dtype=torch.float64).sum().item()) for name, value in checks.items()
@@ -446,24 +525,57 @@ def scheduled_learning_rate(config: GRPOConfig, step: int, epoch: int, train_bat
     ``total_optimizer_steps``. A pure function of the place, which a resumed run recomputes from its step alone; a
     rollout batch that dynamic sampling leaves short of train batches skips the places of the missing ones, so the
     schedule still ends with the run. :func:`optimizer_step` scales it by a short batch's share."""
-    per_epoch = config.rollout_batch_size // config.train_batch_size
-    place = (step * config.epochs_per_rollout_batch + epoch) * per_epoch + train_batch
+    batching, optimizer = config.batching, config.optimizer
+    per_epoch = batching.rollout_batch_size // batching.train_batch_size
+    place = (step * batching.epochs_per_rollout_batch + epoch) * per_epoch + train_batch
     schedule = LearningRateSchedule(
-        config.learning_rate, config.lr_schedule, config.total_optimizer_steps, config.warmup_steps
+        optimizer.learning_rate, optimizer.lr_schedule, config.total_optimizer_steps, config.warmup_steps
     )
     return schedule.rate(place)
 
 
-def has_learning_signal(batch: RolloutBatch, rows: list[int], config: GRPOConfig, ranks: Ranks = SINGLE) -> bool:
+def has_learning_signal(batch: RolloutBatch, rows: list[int], loss: GRPOLoss, ranks: Ranks = SINGLE) -> bool:
     """Whether an optimizer step on ``rows`` (on any rank) can have a gradient: a trained row with a non-zero loss
     weight (its advantage; its raw reward for ``no_baseline``), or a KL penalty. A step without one is skipped:
     its gradient is zero, but AdamW's momentum would still move the weights."""
-    if config.kl_coef > 0:
+    if loss.kl_coef > 0:
         return True
-    if config.mask_truncated:
+    if loss.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
-    weights = getattr(batch, LOSS_TYPES[config.loss_type].weight)  # [N]: batch.raw_rewards or batch.advantages
+    weights = getattr(batch, LOSS_TYPES[loss.loss_type].weight)  # [N]: batch.raw_rewards or batch.advantages
     return ranks.sum((weights[rows] != 0).sum().item()) > 0  # NaN counts as a signal: the NaN guard reports it
+
+
+def update_steps(
+    trainer: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    guard: NonFiniteGuard,
+    batch: RolloutBatch,
+    fixed: FixedLogProbs,
+    step: int,
+    config: GRPOConfig,
+    ranks: Ranks = SINGLE,
+) -> Iterator[dict[str, float]]:
+    """GRPO step ``step``'s update: ``epochs_per_rollout_batch`` passes over its rollout batch, each in an order
+    shuffled by the step's seed, one optimizer step per ``train_batch_size`` rows. Yields each optimizer step's
+    metrics once it is taken; ``{}`` for one skipped without learning signal (:func:`has_learning_signal`)."""
+    train_rows = config.batching.train_batch_size // ranks.world_size
+    forwards, max_tokens = Forwards.training(config), config.sampling.max_tokens
+    order_rng = random.Random(step_seed(config.seed, step))
+    for epoch in range(config.batching.epochs_per_rollout_batch):
+        order = ranks.rows_to_train(len(batch.responses))
+        order_rng.shuffle(order)
+        for train_batch, rows in enumerate(chunks(order, train_rows)):
+            if not has_learning_signal(batch, rows, config.loss, ranks):
+                yield {}
+                continue
+            metrics = accumulate_gradients(trainer, batch, rows, fixed, config.loss, forwards, max_tokens, ranks)
+            checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
+            set_learning_rate(optimizer, scheduled_learning_rate(config, step, epoch, train_batch))
+            share = len(rows) / train_rows
+            yield metrics | optimizer_step(
+                trainer, optimizer, config.optimizer.max_grad_norm, guard, step, checks, ranks, share
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------- checkpoints
@@ -513,7 +625,9 @@ def parse_in_flight(path: Path, state: TrainingState, digest: str, config: GRPOC
         raise CheckpointError(
             f"{file}: its rollouts in flight cannot be read ({type(error).__name__}: {error})"
         ) from error
-    versions = {} if config is None else in_flight_versions(state.step, config.max_staleness, config.n_grpo_steps)
+    versions = (
+        {} if config is None else in_flight_versions(state.step, config.asynchrony.max_staleness, config.n_grpo_steps)
+    )
     held = {rollouts.step: rollouts.version for rollouts in in_flight}
     expected = {later: version for later, version in versions.items() if version < state.step}
     to_request = [later for later, version in versions.items() if version == state.step]
@@ -560,14 +674,66 @@ def grpo_checkpoints(
 # ---------------------------------------------------------------------------------------------------------- the loop
 STEP_PHASES = ("rollout", "weight_sync", "scoring", "old_log_prob", "train", "step", "engine")
 """The phases of a GRPO step, timed and logged (``time/<phase>_seconds``) in this order. ``rollout``: lag 0 with
-waking the engine and loading the weights, lag ≥ 1 the wait for the step's rollouts; ``step``: the whole step;
-``engine``: the engine's own time on the step's rollouts, when it ran beside the trainer."""
+waking the engine and loading the weights, lag ≥ 1 the wait for the step's rollouts; ``scoring``: the scores;
+``old_log_prob``: the fixed log-probs; ``train``: the update; ``step``: the whole step; ``engine``: the engine's own
+time on the step's rollouts, when it ran beside the trainer."""
 
 
 def step_progress(first: int, total: int, enabled: bool) -> tqdm:
     """The bar over GRPO steps ``first`` .. ``total - 1``, drawn as ``first``/``total`` at the start: after a resume
     tqdm's rate, and so its ETA, counts only the steps this run takes."""
     return tqdm(range(first, total), desc="grpo", unit="step", initial=first, total=total, disable=not enabled)
+
+
+def evaluate_and_log(
+    source: RolloutSource,
+    step: int,
+    policy: PreTrainedModel,
+    best: BestCheckpoint,
+    live: Live | NullLive,
+    state: TrainingState,
+    live_dir: Path,
+    ranks: Ranks = SINGLE,
+) -> None:
+    """Validate the policy after ``step`` GRPO steps (``source.validate``), log it at the run's optimizer step,
+    offer it as the best, and (rank 0) keep its first examples in ``live_dir/examples``."""
+    result = source.validate(step)
+    metrics = result.metrics
+    live.step = state.optimizer_steps
+    log_validation(live, metrics)
+    live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
+    live.log_metric("grpo_step", step)
+    best.offer(policy, metrics["accuracy"], step, ranks.is_main, metrics["accuracy_interval"])
+    if ranks.is_main:
+        write_examples(live_dir, step, result.records)
+    live.sync()
+
+
+def write_examples(live_dir: Path, step: int, records: list[dict[str, Any]]) -> None:
+    """The first ``EXAMPLES_PER_EVAL`` validation records after ``step`` steps, in ``live_dir/examples``."""
+    examples = [
+        {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
+        for r in records[:EXAMPLES_PER_EVAL]
+    ]
+    examples_file = live_dir / "examples" / f"step_{step:06d}.json"
+    examples_file.parent.mkdir(parents=True, exist_ok=True)
+    examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def log_step(
+    live: Live | NullLive, timer: PhaseTimer, sync_seconds: float, engine_seconds: float | None, steps_done: int
+) -> None:
+    """A step's timings, with the trainer's last hand-off of weights to the engine, ``sync_seconds`` (lag 0: waking the
+    engine and loading them; lag 1: streaming them to the engine's process, which takes them once it has finished the
+    draw it is on; lag ≥ 2: packing them aside for it), and the engine's own time on the step's rollouts,
+    ``engine_seconds`` (None: it ran in turn with the trainer); then the GRPO steps done."""
+    timer.record("weight_sync", sync_seconds)
+    if engine_seconds is not None:
+        timer.record("engine", engine_seconds)
+    for name, value in timer.metrics().items():
+        live.log_metric(name, value)
+    live.log_metric("grpo_step", steps_done)
+    live.sync()
 
 
 def run_grpo(
@@ -588,139 +754,63 @@ def run_grpo(
     keep: Callable[[int, BestCheckpoint], None] | None = None,
 ) -> BestCheckpoint:
     """The GRPO loop, graded by ``rewards[config.prompt]`` (None: the prompt's built-in); resumes from the newest
-    checkpoint in ``checkpoint_dir`` made from the same inputs (see :func:`reasonrl.training.checkpoints.fingerprint`).
-    The checkpoints stay after a completed run: call :func:`reasonrl.training.checkpoints.remove_checkpoints` once the
-    returned best and the final policy are saved.
-
-    Over several ranks (``ranks``, launched with ``distributed``) every rank runs this loop on its share of each
-    step's questions and trains the policy under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the
-    best weights. ``keep(step, best)``: called on every rank every ``keep_every`` steps (``grpo.keep_every``), to save
-    the policy.
-
-    ``engine``: the engine of this process (``max_staleness`` 0), or the engine's own process (≥ 1: see
-    :class:`reasonrl.rollouts.sources.LaggedRollouts`), as :func:`reasonrl.rollouts.process.start_engine` starts
-    them; the loop's source stops the engine's process when the loop ends, or fails."""
-    reference = frozen_reference(policy, config)  # before wrapping and resuming: the init model, as loaded
+    checkpoint in ``checkpoint_dir`` made from the same inputs (:func:`reasonrl.training.checkpoints.fingerprint`),
+    which stays after the run (:func:`reasonrl.training.checkpoints.remove_checkpoints` once the outputs are saved).
+    ``engine``: :func:`reasonrl.rollouts.process.start_engine`'s, this process's (lag 0) or its own process's, which
+    the loop's source stops when the loop ends. Over several ``ranks`` (launched with ``distributed``) each rank trains
+    on its share of each step's questions under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the best.
+    ``keep(step, best)``: called on every rank every ``grpo.keep_every`` steps, to save the policy."""
+    reference = KLReference.of(policy, config.loss.kl_coef, config.lora.lora_rank)  # the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
-    optimizer = make_optimizer(policy, config, config.betas)  # after wrapping: FSDP2 shards the parameters
-    best = BestCheckpoint()
-    device = next(policy.parameters()).device.type
+    optimizer = make_optimizer(policy, config.optimizer)  # after wrapping: FSDP2 shards the parameters
+    best, device = BestCheckpoint(), next(policy.parameters()).device.type
     data = {"train": examples_digest(train), "val": examples_digest(val)}
-    run_fingerprint = fingerprint(
+    inputs = fingerprint(
         "grpo", config, eval_config, engine.config, init_model_dir, data, GRPO_STAGE, device, rewards, distributed
     )
-    checkpoints = grpo_checkpoints(checkpoint_dir, run_fingerprint, policy, optimizer, best, live_dir, ranks, config)
+    checkpoints = grpo_checkpoints(checkpoint_dir, inputs, policy, optimizer, best, live_dir, ranks, config)
     state = checkpoints.resume()
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
-    if reference is policy:
-        reference = trainer
-    train_rows_per_rank = config.train_batch_size // ranks.world_size
-    rollouts = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
-
-    with rollouts, open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
-        rollouts.start(state.step, state.in_flight)
-
-        def evaluate_and_log(step: int) -> None:
-            result = rollouts.validate(step)
-            metrics = result.metrics
-            live.step = state.optimizer_steps
-            log_validation(live, metrics)
-            live.log_metric("time/elapsed_seconds", state.elapsed_seconds)
-            live.log_metric("grpo_step", step)
-            best.offer(policy, metrics["accuracy"], step, ranks.is_main, metrics["accuracy_interval"])
-            if ranks.is_main:
-                examples = [
-                    {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
-                    for r in result.records[:EXAMPLES_PER_EVAL]
-                ]
-                examples_file = live_dir / "examples" / f"step_{step:06d}.json"
-                examples_file.parent.mkdir(parents=True, exist_ok=True)
-                examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
-            live.sync()
-
+    source = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
+    with source, open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
+        source.start(state.step, state.in_flight)
         progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
         for step in progress:
-            if is_eval_step(step, config.eval_every, config.n_grpo_steps):
-                evaluate_and_log(step)
+            if is_eval_step(step, config.cadence.eval_every, config.n_grpo_steps):
+                evaluate_and_log(source, step, policy, best, live, state, live_dir, ranks)
             timer = PhaseTimer(STEP_PHASES)
-
-            # Rollouts: a group of samples per question, from the engine loaded with the policy of step - lag.
-            step_rollouts = rollouts.batch(step)
-            drawn = step_rollouts.drawn
+            # 1. Rollouts: groups of samples, graded, drawn by the engine loaded with the policy of step - lag.
+            step_rollouts = source.batch(step)
             timer.lap("rollout")
-
-            # Scoring: rewards, group-normalised advantages, training tensors.
-            batch = score_rollouts(tokenizer, drawn.questions, drawn.prompts, drawn.samples, config, rewards)
-            # The step's rollout figures over every rank's samples, logged with each of its optimizer steps.
-            rollout = ranks.mean_metrics(rollout_metrics(drawn, config, rewards))
-            rollout["rollout/sampling_rounds"] = drawn.sampling_rounds
-            rollout["rollout/policy_lag"] = step - step_rollouts.version
-            if config.dynamic_sampling:
-                rollout["rollout/dropped_groups"] = drawn.dropped_groups
+            # 2. Scores: advantages, training tensors; the rollouts' summary over every rank's, logged with each update.
+            drawn, loss, group_size = step_rollouts.drawn, config.loss, config.batching.group_size
+            batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+            rollout_summary = summarize_rollouts(step_rollouts, group_size, config.sampling.dynamic_sampling, ranks)
             timer.lap("scoring")
-
-            # Old and reference log-probs, once per rollout batch, never differentiated.
-            old_log_probs = ref_log_probs = importance_weights = None
-            if LOSS_TYPES[config.loss_type].needs_old_log_probs or config.rollout_is_cap is not None:
-                old_log_probs = (
-                    batch.engine_log_probs
-                    if config.old_log_probs_from == "engine"
-                    else compute_old_log_probs(trainer, batch, config, ranks)
-                )
-            if reference is trainer:
-                with adapters_disabled(policy):
-                    ref_log_probs = compute_old_log_probs(trainer, batch, config, ranks)
-            elif reference is not None:
-                ref_log_probs = compute_old_log_probs(reference, batch, config)
-            if config.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap)
-                importance_weights, corrections = rollout_importance_weights(
-                    old_log_probs, batch.engine_log_probs, batch.response_mask, config.rollout_is_cap
-                )
-                rollout |= {f"train/{name}": value.item() for name, value in corrections.items()}
+            # 3. Fixed log-probs: π_old, π_ref and the importance weights, once per rollout batch, never differentiated.
+            fixed, corrections = fixed_log_probs(trainer, batch, reference, config, ranks)
+            rollout_summary |= corrections
             timer.lap("old_log_prob")
-
-            # Train: epochs over the rollout batch, one optimizer step per train batch.
-            order_rng = random.Random(step_seed(config.seed, step))
-            for epoch in range(config.epochs_per_rollout_batch):
-                order = ranks.rows_to_train(len(batch.responses))
-                order_rng.shuffle(order)
-                for train_batch, rows in enumerate(chunks(order, train_rows_per_rank)):  # one optimizer step each
-                    metrics = {}
-                    if has_learning_signal(batch, rows, config, ranks):
-                        metrics = accumulate_gradients(
-                            trainer, batch, rows, old_log_probs, config, ref_log_probs, ranks, importance_weights
-                        )
-                        checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
-                        share = len(rows) / train_rows_per_rank
-                        set_learning_rate(optimizer, scheduled_learning_rate(config, step, epoch, train_batch))
-                        metrics |= optimizer_step(policy, optimizer, config, guard, step, checks, ranks, share)
-                    else:
-                        state.zero_signal_steps += 1
-                    metrics["train/zero_signal_steps"] = state.zero_signal_steps
-                    state.optimizer_steps += 1
-                    live.step = state.optimizer_steps
-                    for name, value in (metrics | rollout).items():
-                        live.log_metric(name, value)
+            # 4. Update: epochs × train batches, one optimizer step each, logged as it is taken.
+            for metrics in update_steps(trainer, optimizer, guard, batch, fixed, step, config, ranks):
+                state.zero_signal_steps += not metrics  # {}: skipped, without learning signal
+                state.optimizer_steps += 1
+                live.step = state.optimizer_steps
+                metrics["train/zero_signal_steps"] = state.zero_signal_steps
+                for name, value in (metrics | rollout_summary).items():
+                    live.log_metric(name, value)
             timer.lap("train")
-
+            # 5. Weights to the engine (lag 0: the next draw loads them; lag ≥ 1: to its process, the next draw asked).
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
-            rollouts.advance(state.step)  # lag ≥ 1: the new weights to the engine, the next step's draw requested
+            source.advance(state.step)
             state.elapsed_seconds += timer.total("step")
-            # Lag 0: waking the engine and loading the weights; lag 1: streaming them to the engine's process, which
-            # takes them once it has finished the draw it is on; lag ≥ 2: packing them aside for it.
-            timer.record("weight_sync", rollouts.sync_seconds)
-            if step_rollouts.engine_seconds is not None:
-                timer.record("engine", step_rollouts.engine_seconds)
-            for name, value in timer.metrics().items():
-                live.log_metric(name, value)
-            live.log_metric("grpo_step", state.step)
-            live.sync()
-            progress.set_postfix(reward=f"{rollout['rollout/reward']:.3f}")
-            if keep is not None and is_keep_step(state.step, config.keep_every):
+            log_step(live, timer, source.sync_seconds, step_rollouts.engine_seconds, state.step)
+            progress.set_postfix(reward=f"{rollout_summary['rollout/reward']:.3f}")
+            # 6. Keep the policy, checkpoint the run.
+            if keep is not None and is_keep_step(state.step, config.cadence.keep_every):
                 keep(state.step, best)
-            if is_checkpoint_step(state.step, config.checkpoint_every, config.n_grpo_steps):
-                state.in_flight, state.to_request = rollouts.in_flight(state.step)
+            if is_checkpoint_step(state.step, config.cadence.checkpoint_every, config.n_grpo_steps):
+                state.in_flight, state.to_request = source.in_flight(state.step)
                 checkpoints.save(state)
-
-        evaluate_and_log(state.step)
+        evaluate_and_log(source, state.step, policy, best, live, state, live_dir, ranks)
     return best

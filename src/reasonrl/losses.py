@@ -73,12 +73,9 @@ def compute_group_normalized_rewards(
     advantage_eps: float,
     normalize_by_std: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Score each rollout and turn rewards into group-relative advantages.
+    """Score each rollout and turn rewards into group-relative advantages (:func:`group_normalized_advantages`).
 
     Rollouts come in consecutive groups of ``group_size`` answers to the same question.
-    ``A = (r - mean(group)) / (std(group) + advantage_eps)`` with the sample std (n−1) when
-    ``normalize_by_std``, else ``A = r - mean(group)`` (Dr. GRPO, arXiv:2503.20783, which argues the std
-    division over-weights groups that are nearly all right or all wrong).
 
     Returns ``(advantages [N], raw_rewards [N], metadata)``.
     """
@@ -91,15 +88,10 @@ def compute_group_normalized_rewards(
     scores = [
         reward_fn(response, truth) for response, truth in zip(rollout_responses, repeated_ground_truths, strict=True)
     ]
-    raw_rewards = torch.tensor([score["reward"] for score in scores], dtype=torch.float32)  # [N]
+    advantages, raw_rewards = group_normalized_advantages(
+        [score["reward"] for score in scores], group_size, advantage_eps, normalize_by_std
+    )
     grouped = raw_rewards.view(-1, group_size)  # [N/G, G]
-    centered = grouped - grouped.mean(dim=-1, keepdim=True)
-    if normalize_by_std:
-        # unbiased=True: the handout's sample std; a group of one has no spread (NaN), so treat it as zero.
-        std = grouped.std(dim=-1, keepdim=True).nan_to_num(0.0) if group_size > 1 else torch.zeros_like(centered)
-        advantages = centered / (std + advantage_eps)
-    else:
-        advantages = centered
     metadata = {
         "reward_mean": raw_rewards.mean().item(),
         "reward_std": raw_rewards.std().item() if raw_rewards.numel() > 1 else 0.0,
@@ -110,7 +102,29 @@ def compute_group_normalized_rewards(
         .mean()
         .item(),
     }
-    return advantages.flatten(), raw_rewards, metadata
+    return advantages, raw_rewards, metadata
+
+
+def group_normalized_advantages(
+    rewards: list[float], group_size: int, advantage_eps: float, normalize_by_std: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages of rewards already graded, in consecutive groups of ``group_size``:
+    ``A = (r - mean(group)) / (std(group) + advantage_eps)`` with the sample std (n−1) when
+    ``normalize_by_std``, else ``A = r - mean(group)`` (Dr. GRPO, arXiv:2503.20783, which argues the std
+    division over-weights groups that are nearly all right or all wrong).
+
+    Returns ``(advantages [N], raw_rewards [N])``, the rewards as float32.
+    """
+    raw_rewards = torch.tensor(rewards, dtype=torch.float32)  # [N]
+    grouped = raw_rewards.view(-1, group_size)  # [N/G, G]
+    centered = grouped - grouped.mean(dim=-1, keepdim=True)
+    if normalize_by_std:
+        # unbiased=True: the handout's sample std; a group of one has no spread (NaN), so treat it as zero.
+        std = grouped.std(dim=-1, keepdim=True).nan_to_num(0.0) if group_size > 1 else torch.zeros_like(centered)
+        advantages = centered / (std + advantage_eps)
+    else:
+        advantages = centered
+    return advantages.flatten(), raw_rewards
 
 
 # ------------------------------------------------------------------------------------------ policy-gradient losses

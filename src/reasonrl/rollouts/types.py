@@ -1,5 +1,6 @@
-"""What a draw of rollouts returns: a sample, a step's questions with their groups of samples, and the rollouts a
-GRPO step trains on. Plain data, with no torch and no vLLM: a checkpoint's rollouts in flight parse without them."""
+"""What a draw of rollouts returns: a sample, a step's questions with their groups of samples and the samples'
+grades, and the rollouts a GRPO step trains on. Plain data, with no torch and no vLLM: a checkpoint's rollouts in
+flight parse without them."""
 
 from __future__ import annotations
 
@@ -35,17 +36,26 @@ class Sample:
         return len(self.token_ids) - (self.finish == "eos")
 
 
+Scores = dict[str, float]
+"""A reward function's grade of one sample: ``reward``, ``format_reward`` and ``answer_reward``."""
+
+
 @dataclass
 class DrawnRollouts:
-    """The questions a step trains on, their prompts and their groups of samples (flattened group after group)."""
+    """The questions a step trains on, their prompts and their groups of samples (flattened group after group), each
+    sample graded once, as it was drawn."""
 
     questions: list[GSM8KExample]
     prompts: list[str]
     samples: list[Sample]
+    scores: list[Scores]
+    """The grade of each of ``samples``."""
     sampled_questions: list[GSM8KExample]
     sampled_samples: list[Sample]
     """Every group the step sampled, kept or dropped, in every round (the trained ones without dynamic sampling):
     what the step's rollout metrics describe."""
+    sampled_scores: list[Scores]
+    """The grade of each of ``sampled_samples``."""
     sampling_rounds: int = 1
     dropped_groups: int = 0
 
@@ -60,6 +70,11 @@ class StepRollouts:
     drawn: DrawnRollouts
     engine_seconds: float | None = None
     """The engine's own time on them, when it ran beside the trainer."""
+
+    @property
+    def policy_lag(self) -> int:
+        """GRPO steps between the policy that sampled them and the one that trains on them."""
+        return self.step - self.version
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> StepRollouts:
