@@ -438,13 +438,6 @@ class _Section:
             object.__setattr__(self, spec.name, value)
         self.__post_init__()
 
-    # TEMPORARY (issue 30): removed once every call site reads the groups
-    def __getattr__(self, name: str) -> Any:
-        group = None if name.startswith("_") else _flat_attributes(type(self)).get(name)
-        if group is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.__dict__[group], name)
-
 
 @functools.cache
 def _groups(cls: type) -> dict[str, type]:
@@ -473,16 +466,6 @@ def _routes(cls: type) -> dict[str, str | None]:
         raise TypeError(f"{cls.__name__}.KEYS must list each of its groups' and its own params once")  # a bug here
     owner = dict(owners)
     return {key: owner[key] for key in cls.KEYS}
-
-
-# TEMPORARY (issue 30): removed once every call site reads the groups
-@functools.cache
-def _flat_attributes(cls: type) -> dict[str, str]:
-    """Old flat attribute (a key or a group's derived property) → the field of section ``cls`` whose group has it."""
-    attributes = {key: group for key, group in _routes(cls).items() if group is not None}
-    for name, group in _groups(cls).items():
-        attributes |= {attribute: name for attribute, value in vars(group).items() if isinstance(value, property)}
-    return attributes
 
 
 def _param_types(cls: type) -> dict[str, Any]:
