@@ -126,7 +126,7 @@ def test_a_loss_type_registered_before_the_schema_loads_is_a_valid_param_and_loa
         "except ConfigError as error:\n"
         "    print(error)\n"
         "import sys\n"
-        "print(config.loss_type, sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+        "print(config.loss.loss_type, sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     refused, accepted = result.stdout.strip().splitlines()
