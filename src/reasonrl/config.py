@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from reasonrl.data import ANSWER_FORMATS, JsonlFields
+from reasonrl.benchmarks import BENCHMARKS
+from reasonrl.data import ANSWER_FORMATS, LATEX, JsonlFields
 from reasonrl.errors import ConfigError
 from reasonrl.loss_registry import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES, loss_types_where
 from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
@@ -33,6 +34,7 @@ LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
 KLEstimator = Literal[KL_ESTIMATORS]
 LRSchedule = Literal[tuple(LR_SCHEDULES)]
 AnswerFormat = Literal[ANSWER_FORMATS]
+BenchmarkName = Literal[tuple(BENCHMARKS)]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
@@ -119,7 +121,9 @@ class JsonlDataConfig:
     """The key of each line's answer, read as ``answer_format`` says."""
     answer_format: AnswerFormat = "gsm8k"
     """``gsm8k``: reasoning, then ``#### N``; ``number``: the bare answer (no reasoning); ``boxed``: the last
-    ``\\boxed{…}`` is the answer, the text before it the reasoning."""
+    ``\\boxed{…}`` is the answer, the text before it the reasoning; ``latex``: an answer in LaTeX graded by
+    math-verify (the last ``\\boxed{…}`` if there is one, else the whole field), which needs ``rewards.<prompt>:
+    math_verify`` for the prompts that train on it."""
 
     @property
     def fields(self) -> JsonlFields:
@@ -137,6 +141,7 @@ class TestSetConfig:
     question_field: str = "question"
     answer_field: str = "answer"
     answer_format: AnswerFormat = "gsm8k"
+    """As ``data.jsonl.answer_format``; final_eval grades a ``latex`` set with math-verify."""
 
     @property
     def fields(self) -> JsonlFields:
@@ -327,6 +332,15 @@ class EvalConfig:
     """Samples per question; accuracy averages over all of them (more samples → smaller standard error)."""
     test_sets: list[TestSetConfig] = field(default_factory=list)
     """Extra held-out sets final_eval grades every route on, each reported on its own (README "Your own data")."""
+    benchmarks: list[BenchmarkName] = field(default_factory=list)
+    """Standard benchmarks by name (``reasonrl.benchmarks``: math500, aime24, amc23, minerva_math, olympiadbench,
+    college_math, svamp, asdiv, mawps), downloaded by the download stage from their pinned upstream files."""
+    benchmark_mirror: str | None = None
+    """Local directory holding ``<name>/test.jsonl`` for each benchmark; null → env BENCHMARK_MIRROR, else download
+    each from its pinned URL."""
+    decontaminate: bool = False
+    """Leave out of each benchmark the questions that share a 13-gram with the training data, or that it asks
+    (``reasonrl.contamination``); they are counted either way."""
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "eval.temperature", f"must be ≥ 0, got {self.temperature}")
@@ -354,8 +368,17 @@ class EvalConfig:
                 f"must be letters, digits, _ or - (it names a file and a metric), got {test_set.name!r}",
             )
             _require(test_set.name not in names, f"{name}.name", f"{test_set.name!r} names an earlier test set too")
+            _require(
+                test_set.name not in self.benchmarks,
+                f"{name}.name",
+                f"{test_set.name!r} names a benchmark of eval.benchmarks too (both are written to <name>.jsonl)",
+            )
             names.add(test_set.name)
             _check_jsonl_file(test_set.path, test_set.sha256, name, "for each test set")
+        for index, benchmark in enumerate(self.benchmarks):
+            _require(
+                benchmark not in self.benchmarks[:index], f"eval.benchmarks[{index}]", f"{benchmark!r} is listed twice"
+            )
 
 
 @dataclass(frozen=True)
@@ -386,7 +409,7 @@ class _RewardSpecs:
     def __post_init__(self) -> None:
         for prompt, spec in self.specs.items():
             try:
-                check_reward(spec)
+                check_reward(spec, prompt=prompt)
             except RewardSpecError as error:
                 raise ConfigError(f"rewards.{prompt}: {error}") from None
 
@@ -1064,6 +1087,21 @@ def _check_distributed(params: Params) -> None:
     )
 
 
+def _check_latex_rewards(params: Params) -> None:
+    """Training data with LaTeX answers needs a reward that reads LaTeX: the built-in rewards compare one number, so
+    every answer to ``\\frac{\\pi}{2}`` would score 0 and training would learn nothing, unnoticed."""
+    if params.data.name != "jsonl" or params.data.jsonl.answer_format != LATEX:
+        return
+    for prompt in sorted(params.prompt_names):
+        spec = params.rewards.specs[prompt]
+        _require(
+            spec not in REWARD_FNS,
+            f"rewards.{prompt}",
+            f"the built-in {spec} grades one number, but data.jsonl.answer_format is latex: set rewards.{prompt}: "
+            "math_verify (or a reward of your own)",
+        )
+
+
 def _check_async(params: Params) -> None:
     """What ``grpo.max_staleness > 0`` needs: an engine on a device of its own, in a single-process run."""
     staleness = params.grpo.asynchrony.max_staleness
@@ -1127,6 +1165,7 @@ class Params:
         _check_distributed(self)
         _check_async(self)
         _check_context_length(self)
+        _check_latex_rewards(self)
 
     @property
     def prompt_names(self) -> set[str]:

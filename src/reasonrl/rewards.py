@@ -27,9 +27,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from reasonrl.errors import UserError
-from reasonrl.prompts import REWARD_FNS
+from reasonrl.prompts import ANSWER_TEXT_FNS, REWARD_FNS
+from reasonrl.symbolic import verdict
 
 RewardFn = Callable[[str, str], dict[str, float]]
+MATH_VERIFY = "math_verify"
+"""The built-in reward that grades answers with math-verify (:func:`math_verify_reward`): LaTeX answers."""
 PACKAGE = "rewards"
 """The package of users' reward modules, at the repository root: dvc.yaml's grading stages depend on it whole."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +60,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
     """``"rewards.tolerant:tolerant_reward"`` → ``("rewards.tolerant", "tolerant_reward")``."""
     module, colon, function = spec.partition(":")
     if not colon or not function.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
-        raise RewardSpecError(f"{spec!r} is neither a built-in reward ({', '.join(REWARD_FNS)}) nor module:function")
+        builtins = ", ".join([*REWARD_FNS, MATH_VERIFY])
+        raise RewardSpecError(f"{spec!r} is neither a built-in reward ({builtins}) nor module:function")
     if module.split(".")[0] != PACKAGE or module == PACKAGE:
         raise RewardSpecError(
             f"module {module!r} is no module of the repository's {PACKAGE}/ package: put it there and name it "
@@ -88,11 +92,36 @@ def _tree_package(root: Path) -> None:
         raise
 
 
-def reward_fn(spec: str, root: Path = ROOT) -> RewardFn:
-    """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call), or
-    ``rewards.<module>:<function>`` imported from ``root/rewards``."""
+def math_verify_reward(prompt: str) -> RewardFn:
+    """``prompt``'s built-in reward with its answer check done by math-verify (:func:`reasonrl.symbolic.verdict`,
+    within its time bound) on the answer text the built-in reads (:data:`~reasonrl.prompts.ANSWER_TEXT_FNS`): a LaTeX
+    ground truth such as ``\\left( 3, \\frac{\\pi}{2} \\right)``. The format check and how the two combine are
+    the built-in's: r1_zero's reward needs both, question_only's the answer. Never raises on its arguments."""
+    builtin, answer_text = REWARD_FNS[prompt], ANSWER_TEXT_FNS[prompt]
+
+    def math_verify_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
+        if not isinstance(response, str) or not isinstance(ground_truth, str):
+            return dict.fromkeys(REWARD_KEYS, 0.0)
+        format_ok = builtin(response, ground_truth)["format_reward"] == 1.0
+        answer_ok = verdict(answer_text(response), ground_truth).correct
+        return {
+            "format_reward": float(format_ok),
+            "answer_reward": float(answer_ok),
+            "reward": float(format_ok and answer_ok),
+        }
+
+    return math_verify_reward_fn
+
+
+def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
+    """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call),
+    :data:`MATH_VERIFY` (for ``prompt``), or ``rewards.<module>:<function>`` imported from ``root/rewards``."""
     if spec in REWARD_FNS:
         return REWARD_FNS[spec]
+    if spec == MATH_VERIFY:
+        if prompt not in REWARD_FNS:
+            raise RewardSpecError(f"{MATH_VERIFY} grades a prompt's answers as it reads them; no prompt {prompt!r}")
+        return math_verify_reward(prompt)
     module_name, function_name = parse_spec(spec)
     try:
         _tree_package(root)
@@ -121,9 +150,9 @@ def contract_breach(result: object) -> str | None:
     return None
 
 
-def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
+def check_reward(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
     """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`)."""
-    function = reward_fn(spec, root)
+    function = reward_fn(spec, root, prompt)
     for response, ground_truth in PROBES:
         graded(
             function, response, ground_truth, spec, f"on the probe ({response!r}, {ground_truth!r})", RewardSpecError
@@ -170,13 +199,13 @@ def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None, root: P
     """The function that grades ``prompt``'s responses, each result checked (:func:`checked`): ``rewards[prompt]``
     (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None."""
     spec = prompt if rewards is None else rewards[prompt]
-    return checked(reward_fn(spec, root), f"rewards.{prompt}", spec)
+    return checked(reward_fn(spec, root, prompt), f"rewards.{prompt}", spec)
 
 
 def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
     """SHA-256 over the ``.py`` files of ``root/rewards`` by relative name and content when ``spec`` is a user's
     (the module may import its neighbours); None for a built-in, whose code the stage's own code digest holds."""
-    if spec in REWARD_FNS:
+    if spec in REWARD_FNS or spec == MATH_VERIFY:
         return None
     directory = root / PACKAGE
     digest = hashlib.sha256()

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reasonrl.errors import UserError
-from reasonrl.grading import question_only_answer, question_only_reward_fn, r1_zero_answer, r1_zero_reward_fn
+from reasonrl.grading import (
+    extract_answer_block,
+    extract_final_answer,
+    question_only_answer,
+    question_only_reward_fn,
+    r1_zero_answer,
+    r1_zero_reward_fn,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,6 +59,13 @@ ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
     "r1_zero_chat": r1_zero_answer,
 }
 """Each prompt's answer as a canonical number string (the reward function's reading of it), for majority votes."""
+ANSWER_TEXT_FNS: dict[str, Callable[[str], str | None]] = {
+    "r1_zero": extract_answer_block,
+    "question_only": extract_final_answer,
+    "r1_zero_chat": extract_answer_block,
+}
+"""Each prompt's answer text as its reward function reads it, before any number is read from it (``None``: none
+found): what math-verify grades (``reasonrl.rewards``' ``math_verify``, ``reasonrl.crosscheck``)."""
 ROLES = ("system", "user", "assistant")
 _HEADER = re.compile(r"\[(\w+)\]")
 # What a writer meant as a header: a role in brackets at the line's start, however spaced or cased, or a bracketed
