@@ -1,7 +1,7 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
 (and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``sft.prompt``, ``ei.prompt`` and ``grpo.prompt``;
 the base model with ``sft.prompt``, the prompt SFT starts it on. Then the same on each of ``eval.test_sets``, reported
-under the route's ``test_sets``."""
+under the route's ``test_sets`` (a set with ``answer_format: latex`` graded by math-verify)."""
 
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
+from reasonrl.rewards import rewards_for
 from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.routes import ROUTES, TRAINED_ROUTES, evaluation_prompt, prompt_param, start_model
 
@@ -103,9 +104,11 @@ def main() -> None:
     disagreements = add_grader_crosschecks(results)
     # The extra held-out sets with the same models, prompts, sampling and seed as the test split.
     set_results = {}
+    formats = {test_set.name: test_set.answer_format for test_set in params.eval.test_sets}
     for set_name, examples in held_out.items():
+        rewards = rewards_for(formats[set_name], params.rewards.specs)  # a LaTeX set: graded by math-verify
         set_results[set_name] = evaluate_checkpoints(
-            engine, models, examples, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
+            engine, models, examples, prompts, params.eval, seed=params.rollout.seed, rewards=rewards
         )
         add_paired_comparisons(set_results[set_name], references)
     if set_results:

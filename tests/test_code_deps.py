@@ -282,9 +282,9 @@ LAYERS = [
     # base: no params, no torch
     ["reasonrl.errors", "reasonrl.atomic", "reasonrl.cli", "reasonrl.code_deps", "reasonrl.markdown",
      "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types", "reasonrl.loss_registry",
-     "reasonrl.grading", "reasonrl.synthetic"],
-    # the task: examples, prompt templates, rewards
-    ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards"],
+     "reasonrl.grading", "reasonrl.synthetic", "reasonrl.symbolic", "reasonrl.contamination"],
+    # the task: examples, prompt templates, rewards, benchmarks
+    ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards", "reasonrl.benchmarks"],
     # the params (whose schema checks names against the task's registries) and the routes they configure
     ["reasonrl.config", "reasonrl.presets", "reasonrl.routes"],
     # models and the computations on them

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonrl.contamination import NGRAM
 from reasonrl.data import (
     LATEX,
     SOURCE_LINE,
@@ -275,3 +276,43 @@ def benchmark_lines(benchmark: Benchmark, mirror: str | None, max_bytes: int, ta
             continue
         extra = {SOURCE_LINE: record.line}
         yield gsm8k_line(record.question, "", record.gold, benchmark.answer_format, extra), record.question
+
+
+def benchmark_summary(tallies: dict[str, Tally], contaminated: dict[str, list[int]], decontaminate: bool) -> dict:
+    """What the download stage found of each benchmark, for the report: its ``answer_format``, its upstream
+    ``records``, the ``ungradable``
+    ones left out, the ``contaminated`` questions (:mod:`reasonrl.contamination`) by their upstream line, and the
+    ``questions`` written (less the contaminated ones when ``decontaminate``)."""
+    summary = {}
+    for name, tally in tallies.items():
+        lines = contaminated.get(name, [])
+        written = tally.records - tally.ungradable - (len(lines) if decontaminate else 0)
+        summary[name] = {
+            "answer_format": BENCHMARKS[name].answer_format,
+            "records": tally.records,
+            "ungradable": tally.ungradable,
+            "questions": written,
+            "contaminated": len(lines),
+            "contaminated_lines": lines,
+        }
+    return {"ngram": NGRAM, "decontaminate": decontaminate, "benchmarks": summary}
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """One line per benchmark of :func:`benchmark_summary`, as the download stage prints them."""
+    lines = []
+    for name, entry in summary["benchmarks"].items():
+        contaminated = entry["contaminated"]
+        line = f"benchmark {name}: {entry['questions']} questions of {entry['records']}"
+        if entry["ungradable"]:
+            line += (
+                f"; {entry['ungradable']} left out, whose gold answer the {entry['answer_format']} grader cannot read"
+            )
+        if contaminated:
+            shown = ", ".join(map(str, entry["contaminated_lines"][:10])) + (", …" if contaminated > 10 else "")
+            line += (
+                f"; {contaminated} share a {summary['ngram']}-gram with the train file or are asked in it (lines "
+                f"{shown}), {'left out' if summary['decontaminate'] else 'kept (eval.decontaminate: true drops them)'}"
+            )
+        lines.append(line)
+    return lines

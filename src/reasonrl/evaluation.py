@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
 from reasonrl.prompts import ANSWER_FNS, load_prompt
-from reasonrl.rewards import prompt_reward
+from reasonrl.rewards import MATH_VERIFY, prompt_reward
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -21,6 +21,7 @@ from reasonrl.statistics import (
     sign_flip_p_value,
     wilson_interval,
 )
+from reasonrl.symbolic import timeouts
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
@@ -142,7 +143,8 @@ def evaluate(
     that prompt's reward function, ``rewards[prompt_name]`` (params' ``rewards``; None: the built-in). ``seed``
     makes the sampling repeatable (None: the engine's running stream). ``progress`` labels a progress bar over the
     answers; None (validation inside a training loop, which has its own bar) shows none. The answer a majority vote
-    counts is the prompt's built-in reading of the response, whichever function grades it."""
+    counts is the prompt's built-in reading of the response, whichever function grades it. Graded by
+    ``math_verify``, the metrics count the answers whose grading ran out of time (``grading_timeouts``: wrong)."""
     prompt, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
     reward_fn = prompt_reward(prompt_name, rewards)
     examples = examples[: config.num_examples]
@@ -159,6 +161,7 @@ def evaluate(
         seed=seed,
         progress=progress,
     )
+    timeouts_before = timeouts()
     records = []
     for index, (example, prompt, samples) in enumerate(zip(examples, prompts, outputs, strict=True)):
         for sample in samples:
@@ -174,7 +177,10 @@ def evaluate(
                     "length": sample.length,
                 }
             )
-    return EvalResult(metrics=summarize(records), records=records)
+    metrics = summarize(records)
+    if (rewards or {}).get(prompt_name) == MATH_VERIFY:
+        metrics["grading_timeouts"] = timeouts() - timeouts_before
+    return EvalResult(metrics=metrics, records=records)
 
 
 def evaluate_checkpoints(

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from reasonrl.data import LATEX
 from reasonrl.errors import UserError
 from reasonrl.prompts import ANSWER_TEXT_FNS, REWARD_FNS
 from reasonrl.symbolic import verdict
@@ -111,6 +112,15 @@ def math_verify_reward(prompt: str) -> RewardFn:
         }
 
     return math_verify_reward_fn
+
+
+def rewards_for(answer_format: str, rewards: Mapping[str, str]) -> dict[str, str]:
+    """The reward of each prompt on a held-out set whose answers are written in ``answer_format``: params'
+    ``rewards``, but on a ``latex`` set :data:`MATH_VERIFY` in place of each number-only built-in (which would score
+    every answer to ``\\frac{\\pi}{2}`` 0); a user's own reward stays."""
+    if answer_format != LATEX:
+        return dict(rewards)
+    return {prompt: MATH_VERIFY if spec in REWARD_FNS else spec for prompt, spec in rewards.items()}
 
 
 def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:

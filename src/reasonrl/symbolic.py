@@ -119,24 +119,25 @@ def parse_answer(answer: str) -> list:
     return readings
 
 
-def gold_parses(gold: str, seconds: float = GRADING_SECONDS) -> bool:
-    """Whether math-verify reads ``gold`` as a formula within ``seconds`` (a ground truth that it cannot read, no
-    response could match)."""
+def gold_parses(gold: str, seconds: float | None = None) -> bool:
+    """Whether math-verify reads ``gold`` as a formula within ``seconds`` (None: :data:`GRADING_SECONDS`): a ground
+    truth that it cannot read, no response could match."""
     try:
-        with time_bound(seconds):
+        with time_bound(seconds or GRADING_SECONDS):
             return bool(parse_gold(gold))
     except GradingTimeout:
         return False
 
 
-def verdict(answer: str | None, gold: str, seconds: float = GRADING_SECONDS) -> Verdict:
+def verdict(answer: str | None, gold: str, seconds: float | None = None) -> Verdict:
     """Whether ``answer`` (the text a prompt's extraction read from a response; None: it found none) states
-    ``gold``, by math-verify: the answer read and compared within ``seconds`` (the gold's parse, cached, has a bound
-    of its own); a timeout is wrong and counted (:func:`timeouts`)."""
+    ``gold``, by math-verify: the answer read and compared within ``seconds`` (None: :data:`GRADING_SECONDS`; the
+    gold's parse, cached, has a bound of its own); a timeout is wrong and counted (:func:`timeouts`)."""
     global _timeouts
     if answer is None or not answer.strip():
         return Verdict(False)
     _, verify, _ = _math_verify()
+    seconds = seconds or GRADING_SECONDS
     try:
         with time_bound(seconds):
             golds = list(parse_gold(gold))
