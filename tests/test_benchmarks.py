@@ -7,18 +7,24 @@ import dataclasses
 import hashlib
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reasonrl.benchmarks import BENCHMARKS, MIRROR_ENV_VAR, Benchmark, benchmark_location, read_benchmark
-from reasonrl.data import LATEX, DataFormatError
+from reasonrl.contamination import words
+from reasonrl.data import LATEX, DataFormatError, load_gsm8k
 from reasonrl.grading import ground_truth_value
 from reasonrl.rewards import prompt_reward, rewards_for
 from reasonrl.symbolic import gold_parses
 
+REPO = Path(__file__).resolve().parents[1]
 CAP = 10**9
 RECORDS = {
     "aime24": 30,
@@ -180,3 +186,44 @@ def test_a_benchmark_is_downloaded_from_a_url_by_the_same_code(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_download_stage_screens_benchmarks_against_gsm8k_train(
+    tmp_path, full_scale_params, gsm8k_mirror, benchmark_mirror
+):
+    """Numeric sets only: a LaTeX set's gold answers take a minute to parse, which the tests above pay once."""
+    tree = yaml.safe_load(full_scale_params)
+    tree["data"]["mirror"] = str(gsm8k_mirror)
+    benchmarks = {"benchmarks": ["mawps", "aime24"], "benchmark_mirror": str(benchmark_mirror), "decontaminate": True}
+    tree["eval"] |= benchmarks
+    params, sets, summary_path = tmp_path / "params.yaml", tmp_path / "test_sets", tmp_path / "benchmarks.json"
+    params.write_text(yaml.safe_dump(tree, sort_keys=False))
+    command = [sys.executable, "stages/download.py", "--params", str(params), "--out", str(tmp_path / "gsm8k")]
+    command += ["--test-sets", str(sets), "--benchmarks-summary", str(summary_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(summary_path.read_text())
+    assert summary["ngram"] == 13 and summary["decontaminate"] is True
+    mawps, aime24 = summary["benchmarks"]["mawps"], summary["benchmarks"]["aime24"]
+    contaminated = mawps["contaminated"]
+    assert contaminated == len(mawps["contaminated_lines"]) > 0  # MAWPS templates that GSM8K's authors reused
+    written = [json.loads(line) for line in (sets / "mawps.jsonl").read_text().splitlines()]
+    assert (
+        len(written) == mawps["questions"] == 2065 - contaminated
+        and len(load_gsm8k(sets / "mawps.jsonl")) == 2065 - contaminated
+    )
+    assert not {line["source_line"] for line in written} & set(mawps["contaminated_lines"])
+    # each one left out shares 13 words in a row with a GSM8K train example (val included): checked by brute force
+    train = [json.loads(line) for line in (gsm8k_mirror / "train.jsonl").read_text().splitlines()]
+    train_grams = {gram for example in train for gram in grams(example["question"] + "\n" + example["answer"])}
+    upstream = (benchmark_mirror / "mawps" / "test.jsonl").read_text().splitlines()
+    assert all(grams(json.loads(upstream[line - 1])["input"]) & train_grams for line in mawps["contaminated_lines"])
+    assert aime24 == {"answer_format": "number", "records": 30, "ungradable": 0, "questions": 30, "contaminated": 0,
+                      "contaminated_lines": []}  # fmt: skip
+    assert f"benchmark mawps: {2065 - contaminated} questions of 2065; {contaminated} share a 13-gram" in result.stdout
+
+
+def grams(text: str) -> set[tuple[str, ...]]:
+    tokens = words(text)
+    return {tuple(tokens[start : start + 13]) for start in range(len(tokens) - 12)}
