@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reasonrl.benchmarks import BENCHMARKS, MIRROR_ENV_VAR, Benchmark, benchmark_location, read_benchmark
+from reasonrl.benchmarks import (
+    BENCHMARKS,
+    EXTRACTIONS,
+    MIRROR_ENV_VAR,
+    Benchmark,
+    benchmark_location,
+    read_benchmark,
+)
 from reasonrl.contamination import words
 from reasonrl.data import LATEX, DataFormatError, load_gsm8k
 from reasonrl.grading import ground_truth_value
@@ -64,7 +71,7 @@ def records(benchmark_mirror, tmp_path_factory):
 @pytest.mark.parametrize("name", RECORDS)
 def test_every_record_is_read_and_every_gold_answer_kept_is_gradable(records, name):
     benchmark, read = BENCHMARKS[name], records[name]
-    assert len(read) == benchmark.records == RECORDS[name]
+    assert len(read) == benchmark.records == RECORDS[name] and benchmark.extraction in EXTRACTIONS
     assert [record.line for record in read] == list(range(1, RECORDS[name] + 1))
     assert all(record.question for record in read)
     kept = [record.gold for record in read if record.problem is None]

@@ -45,7 +45,8 @@ LATEX = "latex"
 """The answer format graded by math-verify (:mod:`reasonrl.symbolic`): a line so marked keeps its answer as written."""
 SOURCE_LINE = "source_line"
 """The key of a benchmark line's line number in its upstream file (``reasonrl.benchmarks``)."""
-# The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
+# One of the project's two environment lookups (reasonrl.benchmarks' BENCHMARK_MIRROR the other): CI and offline
+# machines point it at a local GSM8K copy.
 MIRROR_ENV_VAR = "GSM8K_MIRROR"
 CHUNK_BYTES = 1 << 20
 """What a download or a hash reads at a time."""
