@@ -259,7 +259,8 @@ class EngineConfig:
     deterministic: bool = False
     """Every stage's PyTorch (policy and engine, one process) on deterministic kernels:
     ``torch.use_deterministic_algorithms(True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``. CPU runs repeat without
-    it; on CUDA it is slower, and an operation without a deterministic kernel stops the stage (README)."""
+    it; on CUDA it is slower, and an operation without a deterministic kernel stops the stage
+    (docs/reproducibility.md)."""
 
     @property
     def engine_memory_fraction(self) -> float:
@@ -326,7 +327,7 @@ class EvalConfig:
     samples_per_question: int = 1
     """Samples per question; accuracy averages over all of them (more samples → smaller standard error)."""
     test_sets: list[TestSetConfig] = field(default_factory=list)
-    """Extra held-out sets final_eval grades every route on, each reported on its own (README "Your own data")."""
+    """Extra held-out sets final_eval grades every route on, each reported on its own (docs/own-data.md)."""
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "eval.temperature", f"must be ≥ 0, got {self.temperature}")
@@ -1005,7 +1006,7 @@ class DistributedConfig:
     nproc_per_node: int = 1
     """Processes (GPUs) per node; 1 with ``nnodes: 1`` = the ordinary single-process run."""
     nnodes: int = 1
-    """Nodes; above 1 the launcher meets the other nodes at ``$MASTER_ADDR`` (see the README's SLURM recipe)."""
+    """Nodes; above 1 the launcher meets the other nodes at ``$MASTER_ADDR`` (the SLURM recipe: docs/multi-gpu.md)."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """``ddp``: every rank holds the whole policy and AdamW state (the 1.5B model fits one GPU); ``fsdp2``: both
     sharded over the ranks (``fully_shard`` per decoder layer), for larger models."""
