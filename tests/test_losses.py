@@ -240,9 +240,10 @@ def exact_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
     return {"expected": expected, "forward": forward, "reverse": reverse}
 
 
-@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse")])
+@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse"), ("k3_k2grad", "forward")])
 def test_kl_penalty_expected_gradient_is_the_documented_kl_gradient(estimator, direction):
-    """k2's expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring says), exactly;
+    """k2's (and k3_k2grad's) expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring
+    says), exactly;
     k1 = -log r, the removed estimator, had expected gradient 0 (norm 0 here against ∇ KL's 0.3+)."""
     gradients = exact_kl_gradients(estimator)
     other = "reverse" if direction == "forward" else "forward"
