@@ -242,6 +242,31 @@ def test_gspo_token_equals_gspo_with_one_advantage_per_sequence(loss_aggregation
     assert log_probs.grad[0].tolist() == pytest.approx([-math.exp(-0.1)] * 2 + [0.0, 0.0])
 
 
+@pytest.mark.parametrize("loss_type", ["gspo", "cispo"])
+def test_the_loops_step_takes_the_new_loss_types(tiny_model, loss_type):
+    """Through ``accumulate_gradients`` (microbatches of one row): the loss written out on full logits, GSPO's sequence
+    ratio over each row's own response tokens, CISPO's detached capped weight."""
+    batch = fixed_batch(advantages=[1.0, -1.0, 2.0, -2.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
+    config = GRPOConfig(
+        rollout_batch_size=8, group_size=2, train_batch_size=4, gradient_accumulation_steps=4, loss_type=loss_type
+    )
+    old = compute_old_log_probs(tiny_model, batch, Forwards.fixed(config))
+    old = old + torch.tensor([[-0.05], [0.3], [0.02], [-0.4]]) * batch.response_mask
+    log_probs, _ = full_logits_scores(tiny_model, batch)
+    mask, advantages = batch.response_mask.float(), batch.advantages.unsqueeze(-1)
+    if loss_type == "gspo":
+        ratio = (((log_probs - old) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)).exp()
+        per_token = -torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).expand_as(mask)
+    else:
+        per_token = -(log_probs - old).exp().clamp(max=1.2).detach() * advantages * log_probs
+    expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+    expected = gradients_of(tiny_model, expected_loss)
+    metrics = train_step(tiny_model, batch, config, old)
+    assert metrics["train/loss"] == pytest.approx(expected_loss.item(), abs=1e-5)  # terms of |log π| ≈ 5.7 cancel
+    assert_same_gradients(tiny_model, expected)
+    tiny_model.zero_grad()
+
+
 def test_cispo_by_hand():
     """-sg[min(ρ, 1+ε_high)]·A·log π (MiniMax-M1; TRL's ``cispo`` with ``epsilon_high`` 1.28): ρ = [0.5, 0.9, 1.5,
     3.0] against π_old = 1, A = 2, ε_high = 0.28; the gradient -w·A keeps flowing through the clipped tokens. No

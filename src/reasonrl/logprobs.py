@@ -100,7 +100,7 @@ def _full_logits_log_probs(
     labels: torch.Tensor,
     return_token_entropy: bool,
     temperature: float,
-    entropy_grad: bool = False,
+    entropy_grad: bool,
 ) -> dict[str, torch.Tensor]:
     """The fallback for heads the chunked path cannot reproduce: full logits, but still no full ``log_softmax``."""
     logits = model(input_ids).logits.float()  # [B, T, V]
@@ -127,7 +127,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy, temperature, entropy_grad=False):
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy, temperature, entropy_grad):
         rows = hidden.shape[0]
         log_probs = hidden.new_empty(rows, dtype=torch.float32)  # [N]
         log_normalizer = hidden.new_empty(rows, dtype=torch.float32)  # [N]
