@@ -54,9 +54,12 @@ def test_repository_params_are_valid_full_scale(params_file):
             {"rollout": {"gpu_memory_utilization": 1.5}},
             r"rollout.gpu_memory_utilization: must be a fraction in \(0, 1\]",
         ),
-        ({"grpo": {"cliprange_high": 0.28}}, "grpo.cliprange_high: only grpo_clip clips"),
+        (
+            {"grpo": {"cliprange_high": 0.28}},
+            "grpo.cliprange_high: only grpo_clip or gspo or gspo_token or cispo clips",
+        ),
         ({"grpo": {"kl_coef": -0.1}}, "grpo.kl_coef: must be ≥ 0"),
-        ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3'\]"),
+        ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3', 'k3_k2grad'\]"),
         # Issue 20: params that used to fail late, in vLLM or in the middle of a stage, or never.
         ({"eval": {"stop": ["</answer>", ""]}}, r"eval.stop\[1\]: must be a non-empty string"),
         ({"eval": {"temperature": float("inf")}}, "eval.temperature: must be a finite number, got inf"),

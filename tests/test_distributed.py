@@ -105,15 +105,19 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
+def run_two_ranks(worker: str, out_dir: Path, *arguments: object) -> list[dict]:
+    """``tests/<worker>`` on two ranks (torchrun, gloo) with ``arguments``; what each rank saved in ``out_dir``."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy,
-        str(tensor_parallel_size),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(TESTS / worker),
+        *map(str, arguments),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
+    return run_two_ranks("distributed_worker.py", out_dir, model_dir, out_dir, strategy, tensor_parallel_size)
 
 
 def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:

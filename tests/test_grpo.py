@@ -127,16 +127,16 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
     tiny_model.zero_grad()
 
 
-@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
-def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, length_normalization):
-    """``masked_mean``: the step's mean runs over the kept rows. ``masked_normalize`` (Dr. GRPO): each kept row's
+@pytest.mark.parametrize("loss_aggregation", ["sequence_mean", "constant_normalizer"])
+def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, loss_aggregation):
+    """``sequence_mean``: the step's mean runs over the kept rows. ``constant_normalizer`` (Dr. GRPO): each kept row's
     summed loss over max_tokens, averaged over *all* the step's rows (truncated ones count with zero loss), so the
     constant normaliser does not grow with the truncation rate."""
     batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     batch.truncated = torch.tensor([False, True, False, True])
     config = GRPOConfig(
         rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True,
-        length_normalization=length_normalization, max_tokens=7,
+        loss_aggregation=loss_aggregation, max_tokens=7,
     )  # fmt: skip
     kept = [0, 2]
     tiny_model.zero_grad()
@@ -144,7 +144,7 @@ def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, l
     log_probs = log_probs.gather(-1, batch.labels[kept].unsqueeze(-1)).squeeze(-1)
     mask = batch.response_mask[kept].float()
     per_token = -batch.advantages[kept].unsqueeze(-1) * log_probs
-    if length_normalization == "masked_mean":
+    if loss_aggregation == "sequence_mean":
         expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
     else:
         expected_loss = (per_token * mask).sum() / 7 / 4  # over all 4 rows, not the 2 kept

@@ -152,8 +152,8 @@ def test_policy_gradient_loss_dispatch():
     assert "clip_fraction" in metadata
 
 
-@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
-def test_grpo_microbatch_train_step_matches_handout_example(length_normalization):
+@pytest.mark.parametrize("loss_aggregation", ["sequence_mean", "constant_normalizer"])
+def test_grpo_microbatch_train_step_matches_handout_example(loss_aggregation):
     mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.float32)
     log_probs = torch.zeros(2, 7, requires_grad=True)  # ρ = 1 against old log-probs of 0
     loss, metadata = grpo_microbatch_train_step(
@@ -164,11 +164,11 @@ def test_grpo_microbatch_train_step_matches_handout_example(length_normalization
         advantages=torch.full((2, 1), 2.0),
         old_log_probs=torch.zeros(2, 7),
         cliprange=0.2,
-        length_normalization=length_normalization,
+        loss_aggregation=loss_aggregation,
         normalize_constant=7,
     )
     # dloss/dlogp = dloss/dρ at ρ = 1, negated (the loss is -ρA), halved by accumulation
-    if length_normalization == "masked_mean":
+    if loss_aggregation == "sequence_mean":
         assert loss.item() == pytest.approx(-2.0 / 2)
         expected_grad = -torch.tensor([[0.25] * 4 + [0.0] * 3, [1 / 7] * 7]) / 2
     else:
@@ -178,15 +178,15 @@ def test_grpo_microbatch_train_step_matches_handout_example(length_normalization
     assert metadata["clip_fraction"].item() == 0.0
 
 
-def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
-    with pytest.raises(ValueError, match="length_normalization must be one of"):
+def test_grpo_microbatch_train_step_rejects_bad_loss_aggregation():
+    with pytest.raises(ValueError, match="loss_aggregation must be one of"):
         grpo_microbatch_train_step(
             torch.zeros(1, 2, requires_grad=True),
             torch.ones(1, 2),
             1,
             "no_baseline",
             raw_rewards=torch.ones(1, 1),
-            length_normalization="sum",
+            loss_aggregation="sum",
         )
     with pytest.raises(ValueError, match="needs normalize_constant"):
         grpo_microbatch_train_step(
@@ -195,7 +195,7 @@ def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
             1,
             "no_baseline",
             raw_rewards=torch.ones(1, 1),
-            length_normalization="masked_normalize",
+            loss_aggregation="constant_normalizer",
         )
 
 
@@ -220,7 +220,7 @@ def test_kl_estimators_by_hand():
     reference = torch.log(torch.tensor([[0.25, 0.25]]))  # r = π_ref/π = [0.5, 1]
     assert compute_kl(policy, reference, "k2").tolist()[0] == pytest.approx([0.5 * math.log(2) ** 2, 0.0])
     assert compute_kl(policy, reference, "k3").tolist()[0] == pytest.approx([0.5 - 1 + math.log(2), 0.0])
-    with pytest.raises(ValueError, match="kl_estimator must be one of k2, k3"):
+    with pytest.raises(ValueError, match="kl_estimator must be one of k2, k3, k3_k2grad"):
         compute_kl(policy, reference, "k1")
 
 
@@ -240,9 +240,10 @@ def exact_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
     return {"expected": expected, "forward": forward, "reverse": reverse}
 
 
-@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse")])
+@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse"), ("k3_k2grad", "forward")])
 def test_kl_penalty_expected_gradient_is_the_documented_kl_gradient(estimator, direction):
-    """k2's expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring says), exactly;
+    """k2's (and k3_k2grad's) expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring
+    says), exactly;
     k1 = -log r, the removed estimator, had expected gradient 0 (norm 0 here against ∇ KL's 0.3+)."""
     gradients = exact_kl_gradients(estimator)
     other = "reverse" if direction == "forward" else "forward"

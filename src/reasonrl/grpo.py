@@ -287,9 +287,11 @@ def policy_log_probs(
     precision: Precision,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``,
-    under ``softmax(logits / temperature)``: pass the temperature the responses were sampled at.
+    under ``softmax(logits / temperature)``: pass the temperature the responses were sampled at. ``entropy_grad``:
+    the entropy is differentiable (an entropy bonus).
     ``policy``: the HF model, or the scorer the loop trains through (``reasonrl.distributed.wrap_for_training``)."""
     device = next(policy.parameters()).device
     tensors = {"input_ids": batch.input_ids, "labels": batch.labels, "response_mask": batch.response_mask}
@@ -300,6 +302,7 @@ def policy_log_probs(
             trimmed["labels"].to(device),
             return_token_entropy=with_entropy,
             temperature=temperature,
+            entropy_grad=entropy_grad,
         )
     width = trimmed["labels"].shape[1]
     return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
@@ -379,10 +382,11 @@ def fixed_log_probs(
     if reference is not None:
         reference_log_probs = reference.log_probs(trainer, batch, forwards, ranks)
     figures = {}
-    if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap)
+    if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap), or its kin
         importance_weights, corrections = rollout_importance_weights(
-            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap
-        )
+            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap,
+            asynchrony.rollout_is_level, asynchrony.rollout_is_mode, asynchrony.rollout_is_lower,
+        )  # fmt: skip
         figures = {f"train/{name}": value.item() for name, value in corrections.items()}
     return FixedLogProbs(old, reference_log_probs, importance_weights), figures
 
@@ -402,10 +406,13 @@ def accumulate_gradients(
 
     A microbatch of ``b`` of the step's ``n`` sequences passes ``gradient_accumulation_steps = n / b``: its mean
     per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
-    the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step:
-    under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
-    normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
-    tokens. Log-probs and entropy are those of the distribution the responses were sampled from (``forwards``).
+    the step's sequences whatever the split. Under ``token_mean`` each microbatch's summed loss is divided by the
+    step's response tokens, counted over every microbatch and rank before the first backward: the gradient is the
+    mean over the step's tokens whatever the split. With ``mask_truncated`` the truncated responses are left out of
+    the step: under ``sequence_mean`` (``token_mean``) its mean runs over the others (their tokens); under
+    ``constant_normalizer`` they count with zero loss, so the normaliser stays all rows × ``max_tokens``. Entropy,
+    clip fractions and KL are means over the trained response tokens. Log-probs and entropy are those of the
+    distribution the responses were sampled from (``forwards``).
 
     ``fixed.importance_weights`` (``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
 
@@ -426,8 +433,10 @@ def accumulate_gradients(
         return {"train/loss": 0.0} | token_means
     # Dr. GRPO's per-sequence constant (max_tokens) is only constant if the step's sequences all count, truncated ones
     # with zero loss: dividing by the kept rows would scale the step up with the truncation rate.
-    weighted_rows = all_rows if loss.length_normalization == "masked_normalize" else step_rows
+    weighted_rows = all_rows if loss.loss_aggregation == "constant_normalizer" else step_rows
     step_tokens = ranks.sum(batch.response_mask[rows].sum().item())
+    token_mean = loss.loss_aggregation == "token_mean"
+    normalize_constant = step_tokens if token_mean else max_tokens
     total_loss = 0.0
     parts = forwards.microbatches(rows, batch.sequence_lengths, ranks)
     for index, part in enumerate(parts):
@@ -436,9 +445,10 @@ def accumulate_gradients(
                 scored = policy_log_probs(policy, batch, [0], forwards.precision, temperature=forwards.temperature)
                 (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
                 continue
-            accumulation = weighted_rows / (ranks.world_size * len(part))
+            # DDP averages the ranks' gradients: token_mean's normaliser is already the whole step's, so undo it.
+            accumulation = 1 / ranks.world_size if token_mean else weighted_rows / (ranks.world_size * len(part))
             step_loss, metadata, scored, mask = _microbatch_step(
-                policy, batch, part, fixed, loss, forwards, accumulation, max_tokens
+                policy, batch, part, fixed, loss, forwards, accumulation, normalize_constant
             )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         total_loss += step_loss.item()
@@ -458,13 +468,15 @@ def _microbatch_step(
     loss: GRPOLoss,
     forwards: Forwards,
     gradient_accumulation_steps: float,
-    max_tokens: int,
+    normalize_constant: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-    """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
+    """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask. The
+    entropy comes from the same forward, differentiable with an entropy bonus."""
     device = next(policy.parameters()).device
     scored = policy_log_probs(
-        policy, batch, part, forwards.precision, with_entropy=True, temperature=forwards.temperature
-    )
+        policy, batch, part, forwards.precision, with_entropy=True, temperature=forwards.temperature,
+        entropy_grad=loss.entropy_coef > 0,
+    )  # fmt: skip
     mask = batch.response_mask[part].to(device)  # [b, L]
     step_loss, metadata = grpo_microbatch_train_step(
         scored["log_probs"],
@@ -475,13 +487,16 @@ def _microbatch_step(
         advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
         old_log_probs=None if fixed.old is None else fixed.old[part].to(device),
         cliprange=loss.cliprange,
-        length_normalization=loss.length_normalization,
-        normalize_constant=max_tokens,
+        loss_aggregation=loss.loss_aggregation,
+        normalize_constant=normalize_constant,
         cliprange_high=loss.cliprange_high,
         ref_log_probs=None if fixed.reference is None else fixed.reference[part].to(device),
         kl_coef=loss.kl_coef,
         kl_estimator=loss.kl_estimator,
         importance_weights=None if fixed.importance_weights is None else fixed.importance_weights[part].to(device),
+        dual_clip=loss.dual_clip,
+        entropy_coef=loss.entropy_coef,
+        token_entropy=scored["token_entropy"],
     )
     return step_loss, metadata, scored, mask
 
@@ -536,9 +551,9 @@ def scheduled_learning_rate(config: GRPOConfig, step: int, epoch: int, train_bat
 
 def has_learning_signal(batch: RolloutBatch, rows: list[int], loss: GRPOLoss, ranks: Ranks = SINGLE) -> bool:
     """Whether an optimizer step on ``rows`` (on any rank) can have a gradient: a trained row with a non-zero loss
-    weight (its advantage; its raw reward for ``no_baseline``), or a KL penalty. A step without one is skipped:
-    its gradient is zero, but AdamW's momentum would still move the weights."""
-    if loss.kl_coef > 0:
+    weight (its advantage; its raw reward for ``no_baseline``), a KL penalty or an entropy bonus. A step without one
+    is skipped: its gradient is zero, but AdamW's momentum would still move the weights."""
+    if loss.kl_coef > 0 or loss.entropy_coef > 0:
         return True
     if loss.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
