@@ -340,8 +340,14 @@ def test_verdict_of_a_significant_lead_and_of_missing_answers():
     assert paired["p_value"] == 2 / 2**30 and format_p_value(paired["p_value"]) == "1.9e-09"
     sentence = top_two_sentence(final, paired, "")
     assert "The lead is significant (McNemar's exact test on the same test questions: 30 answers right only" in sentence
-    assert top_two_sentence(final, None, "`x.jsonl` missing").endswith(
-        "; no paired test of the two: `x.jsonl` missing."
+    missing = top_two_sentence(final, None, "`x.jsonl` missing")
+    assert missing.endswith("; no paired test of GRPO and EI: `x.jsonl` missing.")
+    tied = {"base": summarize(graded(0, 0, 10)), "sft": summarize(graded(0, 1, 9)), "ei": summarize(graded(1, 0, 9))}
+    tied["grpo"] = tied["ei"]
+    paired = paired_comparison(graded(1, 0, 9), graded(1, 0, 9))
+    assert top_two_sentence(tied, paired, "") == (
+        f"EI, GRPO tie for the highest test accuracy, {accuracy_cell(1, 10)} (McNemar's exact test on the same test "
+        "questions: 0 answers right only for EI, 0 only for GRPO, p = 1.0e+00)."
     )
 
 
@@ -557,6 +563,14 @@ def test_missing_optional_inputs_are_named(reports_dir, report_params_file, tmp_
     assert "ei `train/entropy`" in markdown and "ei `rollout/response_length`" in markdown
     assert f"`{(reports / 'baseline' / 'metrics.json').as_posix()}` is missing" in markdown
     assert "Not available: no `step_*.json`" in markdown
+    # A route without its curve leaves its column empty: each column stays one route's.
+    from reasonrl.report.curves import validation_series
+    from reasonrl.report.figures import curves_figure
+
+    series, _ = validation_series({route: reports / route / "live" for route in ("sft", "ei", "grpo")})
+    assert [shown and shown.title for shown in series] == ["SFT", None, "GRPO"]
+    axes = curves_figure([series], "Validation accuracy").axes
+    assert [a.get_visible() and a.get_title() for a in axes] == ["SFT", False, "GRPO"]
 
 
 def test_disagreements_over_the_cap_are_counted(reports_dir, report_params_file, monkeypatch, undrawn_figures):
@@ -586,6 +600,29 @@ def test_final_metrics_without_a_crosscheck_say_so(reports_dir, report_params_fi
     (reports / "final" / "metrics.json").write_text(json.dumps({r: summarize(graded(*c)) for r, c in COUNTS.items()}))
     markdown = render_markdown(build_report(ReportInputs(reports, report_params_file, ENVIRONMENT)).blocks)
     assert "Not available: no route in `final/metrics.json` records `grader_agreement`." in markdown
+
+
+def test_answers_of_another_run_or_malformed_are_named(reports_dir, report_params_file, tmp_path):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    answers = reports / "final" / "generations" / "ei.jsonl"
+    answers.write_text("".join(answers.read_text().splitlines(keepends=True)[:9]))
+    with pytest.raises(
+        ReportInputError, match=f"{re.escape(str(answers))}: 9 answers, but final/metrics.json counts n = 10"
+    ):
+        build_report(ReportInputs(reports, report_params_file, ENVIRONMENT))
+    answers.write_text('{"question_index": 0}\n')
+    with pytest.raises(ReportInputError, match=f"{re.escape(str(answers))}:1: expected a graded answer with keys"):
+        build_report(ReportInputs(reports, report_params_file, ENVIRONMENT))
+
+
+def test_grpo_examples_without_their_question_are_named(tmp_path):
+    from reasonrl.report.inputs import load_examples
+
+    path = tmp_path / "step_000002.json"
+    path.write_text(json.dumps([{"step": 2, "prompt": "Q?", "response": "5", "reward": 1.0}]))  # as written before
+    with pytest.raises(ReportInputError, match=f"{re.escape(str(path))}: expected a list of examples with keys"):
+        load_examples(path)
 
 
 def test_missing_final_metrics_names_the_file(tmp_path, report_params_file):

@@ -25,20 +25,25 @@ def route_curve(live: Mapping[str, Path], route: str, metric: str) -> list[tuple
     return read_metric(live[route], metric)
 
 
-def validation_series(live: Mapping[str, Path]) -> tuple[list[Series], list[str]]:
-    """Each trained route's validation accuracy, and what is missing (as the page names it)."""
-    series, missing = [], []
+def route_series(route: str, title: str, ylabel: str, points: list[tuple[int, float]] | None) -> Series | None:
+    """The route's curve in its colour and x unit; None without points."""
+    return Series(title, X_LABELS[route], ylabel, points, True, ROUTE_COLOURS[route]) if points else None
+
+
+def validation_series(live: Mapping[str, Path]) -> tuple[list[Series | None], list[str]]:
+    """Each trained route's validation accuracy (None where not logged), and what is missing (as the page names
+    it)."""
+    series: list[Series | None] = []
+    missing = []
     for route in ("sft", "ei"):
-        if points := read_metric(live[route], "eval/accuracy"):
-            series.append(
-                Series(route.upper(), X_LABELS[route], "validation accuracy", points, True, ROUTE_COLOURS[route])
-            )
-        else:
+        points = read_metric(live[route], "eval/accuracy")
+        series.append(route_series(route, route.upper(), "validation accuracy", points))
+        if not points:
             missing.append(f"`{metric_path(live[route], 'eval/accuracy').as_posix()}`")
-    if evaluations := grpo_evaluations(live["grpo"]):
-        points = [(e.grpo_step, e.accuracy) for e in evaluations]
-        series.append(Series("GRPO", X_LABELS["grpo"], "validation accuracy", points, True, ROUTE_COLOURS["grpo"]))
-    else:
+    evaluations = grpo_evaluations(live["grpo"])
+    points = [(e.grpo_step, e.accuracy) for e in evaluations or []]
+    series.append(route_series("grpo", "GRPO", "validation accuracy", points))
+    if not points:
         missing.append(f"GRPO's eval/accuracy, time/elapsed_seconds or grpo_step under `{live['grpo'].as_posix()}`")
     return series, missing
 
@@ -46,7 +51,7 @@ def validation_series(live: Mapping[str, Path]) -> tuple[list[Series], list[str]
 def validation_section(report: Report, live: Mapping[str, Path], mark: str | None) -> None:
     report.blocks.append(Heading(2, "Validation accuracy during training"))
     series, missing = validation_series(live)
-    if series:
+    if any(series):
         report.figures["validation_curves.png"] = png(curves_figure([series], "Validation accuracy", mark))
         report.blocks.append(
             Figure(
@@ -72,10 +77,7 @@ def grpo_rollouts_section(report: Report, live: Mapping[str, Path], mark: str | 
         absent = [f"`{metric}`" for metric, points in curves.items() if not points]
         report.blocks.append(Paragraph(f"Not logged under `{live['grpo'].as_posix()}`: {', '.join(absent)}."))
         return
-    series = [
-        Series(title, X_LABELS["grpo"], ylabel, curves[metric], True, ROUTE_COLOURS["grpo"])
-        for metric, title, ylabel in ROLLOUT_CURVES
-    ]
+    series = [route_series("grpo", title, ylabel, curves[metric]) for metric, title, ylabel in ROLLOUT_CURVES]
     figure = curves_figure([series], "GRPO rollouts", mark, share_y=False)
     report.figures["grpo_rollouts.png"] = png(figure)
     last_step, last_share = curves["rollout/zero_variance_group_fraction"][-1]
@@ -98,7 +100,7 @@ def wallclock_section(report: Report, live: Mapping[str, Path], mark: str | None
         )
         return
     points = [(e.elapsed_seconds, e.accuracy) for e in evaluations]
-    series = Series("GRPO", "seconds", "validation accuracy", points, False, ROUTE_COLOURS["grpo"])
+    series = Series("GRPO", "seconds", "validation accuracy", points, integer_x=False, colour=ROUTE_COLOURS["grpo"])
     report.figures["grpo_wallclock.png"] = png(curves_figure([[series]], "GRPO validation accuracy vs time", mark))
     report.blocks.append(
         Figure(
@@ -126,16 +128,15 @@ DYNAMICS_ROWS = {
 
 def dynamics_section(report: Report, live: Mapping[str, Path], mark: str | None) -> None:
     report.blocks.append(Heading(2, "Entropy and response length during training"))
-    rows: dict[str, list[Series]] = {"entropy": [], "length": []}
+    rows: dict[str, list[Series | None]] = {"entropy": [], "length": []}
     missing = []
     for row, route, metric in DYNAMICS:
-        if points := route_curve(live, route, metric):
-            title, ylabel = DYNAMICS_ROWS[row]
-            series = Series(f"{route.upper()} {title}", X_LABELS[route], ylabel, points, True, ROUTE_COLOURS[route])
-            rows[row].append(series)
-        else:
+        title, ylabel = DYNAMICS_ROWS[row]
+        points = route_curve(live, route, metric)
+        rows[row].append(route_series(route, f"{route.upper()} {title}", ylabel, points))
+        if not points:
             missing.append(f"{route} `{metric}`")
-    if grid := [series for series in rows.values() if series]:
+    if grid := [series for series in rows.values() if any(series)]:
         report.figures["training_dynamics.png"] = png(curves_figure(grid, "Response entropy and length", mark))
         report.blocks.append(
             Figure(

@@ -168,23 +168,26 @@ def _y_limits(values: list[float]) -> tuple[float, float]:
     return (low - margin if low < 0 else 0.0), high + margin
 
 
-def curves_figure(rows: list[list[Series]], suptitle: str, mark: str | None = None, share_y: bool = True) -> Figure:
-    """A grid of line plots, one row per list of series (shorter rows leave their last panels empty), each y-axis
-    from zero to above the highest point. ``share_y``: the panels of a row compare routes on one quantity, so they
-    share their y-axis (False: each panel is a quantity of its own)."""
+def curves_figure(
+    rows: list[list[Series | None]], suptitle: str, mark: str | None = None, share_y: bool = True
+) -> Figure:
+    """A grid of line plots, one row per list of series, each y-axis from zero to above the highest point; None (or
+    a short row's end) leaves its panel empty, so that a column stays one route's. ``share_y``: the panels of a row
+    compare routes on one quantity, so they share their y-axis (False: each panel is a quantity of its own)."""
     columns = max(len(row) for row in rows)
     figure, grid = _figure(len(rows), columns, 4.2 * columns, 3.4 * len(rows), sharey="row" if share_y else False)
     for row, axes_row in zip(rows, grid, strict=True):
+        drawn = [series for series in row if series is not None]
         for index, axes in enumerate(axes_row):
-            if index >= len(row):
+            series = row[index] if index < len(row) else None
+            if series is None:
                 axes.set_visible(False)
                 continue
-            series = row[index]
             _draw_points(axes, series.points, series.colour)
             xs = {x for x, _ in series.points}
             _label_axes(axes, series.title, series.xlabel, series.ylabel, xs, series.integer_x)
             axes.yaxis.set_tick_params(labelleft=True)  # each panel keeps its numbers: it may be seen alone
-            axes.set_ylim(*_y_limits([y for shown in (row if share_y else [series]) for _, y in shown.points]))
+            axes.set_ylim(*_y_limits([y for shown in (drawn if share_y else [series]) for _, y in shown.points]))
     figure.suptitle(suptitle)
     _mark(figure, mark)
     return figure

@@ -81,22 +81,29 @@ def two_best(final: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
 
 
 def top_two_sentence(final: Mapping[str, Mapping[str, Any]], paired: Mapping[str, Any] | None, missing: str) -> str:
-    """The verdict on the two best routes: the best one's lead and whether the paired test finds it significant.
-    ``paired``: the best against the second (``reasonrl.evaluation.paired_comparison``); None: ``missing`` says
-    why there is none."""
+    """The verdict on the two best routes: the best one's lead (or the routes that tie for the highest accuracy) and
+    whether the paired test finds it significant. ``paired``: the best against the second
+    (``reasonrl.evaluation.paired_comparison``); None: ``missing`` says why there is none."""
     best, second = two_best(final)
     lead = 100 * (final[best]["accuracy"] - final[second]["accuracy"])
-    sentence = (
-        f"{best.upper()} is the most accurate route on the test set, {format_accuracy(final[best])}, "
-        f"{lead:.1f} points ahead of {second.upper()}, {format_accuracy(final[second])}"
-    )
+    if lead > 0:
+        sentence = (
+            f"{best.upper()} is the most accurate route on the test set, {format_accuracy(final[best])}, "
+            f"{lead:.1f} points ahead of {second.upper()}, {format_accuracy(final[second])}"
+        )
+    else:
+        tied = [route.upper() for route, summary in final.items() if summary["accuracy"] == final[best]["accuracy"]]
+        sentence = f"{', '.join(tied)} tie for the highest test accuracy, {format_accuracy(final[best])}"
     if paired is None:
-        return f"{sentence}; no paired test of the two: {missing}."
-    verdict = "significant" if paired["p_value"] < ALPHA else "not significant: the test does not tell the two apart"
-    return (
-        f"{sentence}. The lead is {verdict} ({SHORT_TEST_NAMES[paired['test']]} on the same test questions: "
-        f"{paired_counts(best.upper(), second.upper(), paired)}, p = {format_p_value(paired['p_value'])})."
+        return f"{sentence}; no paired test of {best.upper()} and {second.upper()}: {missing}."
+    test = (
+        f"{SHORT_TEST_NAMES[paired['test']]} on the same test questions: "
+        f"{paired_counts(best.upper(), second.upper(), paired)}, p = {format_p_value(paired['p_value'])}"
     )
+    if lead == 0:
+        return f"{sentence} ({test})."
+    verdict = "significant" if paired["p_value"] < ALPHA else "not significant: the test does not tell the two apart"
+    return f"{sentence}. The lead is {verdict} ({test})."
 
 
 def _start_verdict(points: float, p: float) -> str:
