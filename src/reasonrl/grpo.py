@@ -725,11 +725,10 @@ def evaluate_and_log(
 
 
 def write_examples(live_dir: Path, step: int, records: list[dict[str, Any]]) -> None:
-    """The first ``EXAMPLES_PER_EVAL`` validation records after ``step`` steps, in ``live_dir/examples``."""
-    examples = [
-        {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
-        for r in records[:EXAMPLES_PER_EVAL]
-    ]
+    """The first ``EXAMPLES_PER_EVAL`` validation records after ``step`` steps, in ``live_dir/examples``, each with
+    its question and gold answer (the report shows them beside the response)."""
+    keys = ("prompt", "question", "ground_truth", "response", "reward")
+    examples = [{"step": step} | {key: r[key] for key in keys} for r in records[:EXAMPLES_PER_EVAL]]
     examples_file = live_dir / "examples" / f"step_{step:06d}.json"
     examples_file.parent.mkdir(parents=True, exist_ok=True)
     examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
