@@ -78,7 +78,7 @@ def main() -> None:
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
     loss, group_size, max_grad_norm = CONFIG.loss, CONFIG.batching.group_size, CONFIG.optimizer.max_grad_norm
     rollout = ranks.mean_metrics(rollout_metrics(drawn, group_size, CONFIG.sampling.dynamic_sampling))
-    batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+    batch = score_rollouts(tokenizer, drawn, group_size, loss, CONFIG.sampling)
     fixed = FixedLogProbs(old=compute_old_log_probs(trainer, batch, Forwards.fixed(CONFIG), ranks))
     rows = ranks.rows_to_train(len(batch.responses))
     gradients, losses = [], []

@@ -19,10 +19,10 @@ def test_kl_reference_is_the_policy_as_loaded_in_its_own_dtype(tiny_model):
     The reference copies the policy, whatever its dtype: the penalty at step 0 is exactly 0."""
     batch = fixed_batch(advantages=[1.0, -1.0, 0.5, -0.5], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     config = GRPOConfig(**SMALL, kl_coef=0.1)
-    assert KLReference.of(tiny_model, GRPOConfig(**SMALL).loss.kl_coef, 0) is None
+    assert KLReference.of(tiny_model, GRPOConfig(**SMALL).loss, 0) is None
     for dtype in (torch.float32, torch.bfloat16):
         policy = copy.deepcopy(tiny_model).to(dtype)
-        reference = KLReference.of(policy, config.loss.kl_coef, config.lora.lora_rank).frozen
+        reference = KLReference.of(policy, config.loss, config.lora.lora_rank).frozen
         assert reference is not policy and not any(p.requires_grad for p in reference.parameters())
         assert all(p.dtype == dtype for p in reference.parameters())
         with torch.no_grad():
@@ -34,7 +34,7 @@ def test_kl_reference_is_the_policy_as_loaded_in_its_own_dtype(tiny_model):
             next(policy.parameters()).add_(1.0)  # training the policy leaves the reference where it started
         assert not torch.equal(next(policy.parameters()), next(reference.parameters()))
     lora = GRPOConfig(**SMALL, kl_coef=0.1, lora_rank=4)
-    assert KLReference.of(tiny_model, lora.loss.kl_coef, lora.lora.lora_rank).frozen is None  # the policy, adapters off
+    assert KLReference.of(tiny_model, lora.loss, lora.lora.lora_rank).frozen is None  # the policy, adapters off
 
 
 def test_a_step_without_signal_is_recognised():
