@@ -236,8 +236,10 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
     for rank in range(2):
-        engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        engine_vs_hf = report["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
+        assert report["reference_refreshed"], f"rank {rank}: the refreshed KL reference is not the whole policy"
 
 
 FAKE_SRUN = """#!/bin/bash
