@@ -21,6 +21,7 @@ from reasonrl.distributed import SINGLE, Ranks, init_ranks
 from reasonrl.grpo import NonFiniteGuard, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
 from reasonrl.prompts import load_prompt
+from reasonrl.rewards import checked
 from reasonrl.rollouts.drawing import score_samples
 from reasonrl.rollouts.types import DrawnRollouts
 from reasonrl.training.optimizer import make_optimizer
@@ -178,7 +179,8 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     by_text = {question.question: question for question in train}
     questions = [by_text[text] for text in drawn]
     group_size = CONFIG.batching.group_size
-    scores = score_samples(questions, samples, group_size, odd_length_reward)
+    reward = checked(odd_length_reward, "rewards.r1_zero", "odd_length_reward")
+    scores = score_samples(questions, samples, group_size, reward, CONFIG.sampling.max_tokens)
     union = SINGLE.mean_metrics(sample_metrics(samples, scores, group_size, "rollout/"))
     rewards = [odd_length_reward(sample.text, "")["reward"] for sample in samples]
     correct = [sum(rewards[:half]), sum(rewards[half:])]
@@ -199,7 +201,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     )
     loss = CONFIG.loss
     # the sampled ids as training tensors
-    batch = score_rollouts(tokenizer, union_drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+    batch = score_rollouts(tokenizer, union_drawn, group_size, loss, CONFIG.sampling)
     counts = [
         len(
             split_microbatches(
@@ -238,8 +240,10 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
     for rank in range(2):
-        engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        engine_vs_hf = report["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
+        assert report["reference_refreshed"], f"rank {rank}: the refreshed KL reference is not the whole policy"
 
 
 FAKE_SRUN = """#!/bin/bash

@@ -211,7 +211,7 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
     """Three groups of two over two rounds of dynamic sampling, one dropped (both answers wrong): ``rollout/``
     describes all six samples, as a run without dynamic sampling would, ``rollout/kept_`` the four trained on."""
 
-    def exact_match(text: str, truth: str) -> dict[str, float]:
+    def exact_match(text: str, truth: str, info: object = None) -> dict[str, float]:
         return dict.fromkeys(("reward", "format_reward", "answer_reward"), float(text == truth))
 
     first, second, third = (GSM8KExample(f"q{n}", "", str(n)) for n in (1, 2, 3))
@@ -225,7 +225,7 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
         "3": [sample("3", 2), sample("w", 7)],  # the second round's
     }
     questions = {"1": first, "2": second, "3": third}
-    scores = {name: score_samples([questions[name]], group, 2, exact_match) for name, group in groups.items()}
+    scores = {name: score_samples([questions[name]], group, 2, exact_match, 7) for name, group in groups.items()}
     drawn = DrawnRollouts(
         [first, third], ["p1", "p3"], groups["1"] + groups["3"], scores["1"] + scores["3"],
         sampled_questions=[first, second, third], sampled_samples=groups["1"] + groups["2"] + groups["3"],

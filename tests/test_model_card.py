@@ -111,6 +111,11 @@ def test_params_on_the_route_only_and_none_changed():
     card = render_card(params, "sft", "the best step", BestCheckpoint(), "step", [], "unknown")
     assert "## Params that differ from the defaults\n\nNone.\n" in card
     assert "- **Best validation accuracy:** no validation evaluation" in card
+    shaped = from_dict(Params, {"grpo": {"overlong_penalty": {"buffer": 64, "max_penalty": 0.5}}})
+    assert changed_params(shaped, ["grpo"]) == [
+        ("grpo.overlong_penalty.buffer", 64, None),
+        ("grpo.overlong_penalty.max_penalty", 0.5, None),
+    ]
 
 
 def test_params_with_markup_stay_text_in_the_card(tmp_path):

@@ -41,6 +41,7 @@ LossAggregation = Literal[LOSS_AGGREGATIONS]
 KLEstimator = Literal[KL_ESTIMATORS]
 RolloutISLevel = Literal[ROLLOUT_IS_LEVELS]
 RolloutISMode = Literal[ROLLOUT_IS_MODES]
+AdvantageEstimator = Literal["group_mean_std", "rloo"]
 LRSchedule = Literal[tuple(LR_SCHEDULES)]
 AnswerFormat = Literal[ANSWER_FORMATS]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
@@ -742,6 +743,25 @@ class EIConfig(SFTOptimization):
 
 
 @dataclass(frozen=True)
+class OverlongPenalty:
+    """``grpo.overlong_penalty``: DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13), a reward term by
+    response length. A response of ``n`` generated tokens (a final EOS counted: what ``max_tokens`` bounds) gets
+    ``min(-(n - (max_tokens - buffer)) / buffer · max_penalty, 0)`` added to its grade: nothing up to ``max_tokens -
+    buffer`` tokens, then falling linearly to ``-max_penalty`` at ``max_tokens`` (verl's DAPO reward manager's
+    ``overlong_buffer``). It shapes the reward the advantages are computed from; the logged rewards, accuracy and
+    dynamic sampling's filter stay the grades (DAPO filters groups on accuracy)."""
+
+    buffer: int = 0
+    """The last tokens of the budget over which the penalty grows (DAPO: 4096 of 20480); to be set."""
+    max_penalty: float = 1.0
+    """The penalty at ``max_tokens`` (DAPO: 1.0, the gap between a right and a wrong answer)."""
+
+    def __post_init__(self) -> None:
+        _require(self.buffer >= 1, "grpo.overlong_penalty.buffer", f"must be a number of tokens ≥ 1, got {self.buffer}")
+        _require(self.max_penalty > 0, "grpo.overlong_penalty.max_penalty", f"must be > 0, got {self.max_penalty}")
+
+
+@dataclass(frozen=True)
 class GRPOSampling(_Group):
     """How a GRPO step's rollouts are drawn."""
 
@@ -759,12 +779,22 @@ class GRPOSampling(_Group):
     every one of them informative."""
     max_sampling_rounds: int = 3
     """Sampling rounds per step at most with ``dynamic_sampling``; short of groups then, the step trains on fewer."""
+    overlong_penalty: OverlongPenalty | None = None
+    """``{buffer, max_penalty}``: DAPO's soft overlong punishment on the reward (:class:`OverlongPenalty`); null =
+    off. A buffer of at most ``max_tokens``."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_sampling_rounds"):
             _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
         _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
         _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
+        penalty = self.overlong_penalty
+        _require(
+            penalty is None or penalty.buffer <= self.max_tokens,
+            "grpo.overlong_penalty.buffer",
+            f"must be ≤ grpo.max_tokens ({self.max_tokens}): the penalty grows over the budget's last tokens, got "
+            f"{penalty and penalty.buffer}",
+        )
 
 
 @dataclass(frozen=True)
@@ -778,6 +808,12 @@ class GRPOLoss(_Group):
     """Added to the group std before dividing (a group of equal rewards has std 0)."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
+    advantage_estimator: AdvantageEstimator = "group_mean_std"
+    """The baseline a reward is compared with: ``group_mean_std``, its group's mean (then the std division of
+    ``use_std_normalization``); ``rloo``, the mean of the other answers in its group (RLOO, arXiv:2402.14740; verl's
+    ``compute_rloo_outcome_advantage``), ``A_i = r_i - mean_{j≠i} r_j``, which is ``G/(G-1)`` times the mean-centred
+    advantage; a group of one keeps its reward, as verl does. RLOO divides by no std: it needs
+    ``use_std_normalization: false``."""
     loss_aggregation: LossAggregation = "sequence_mean"
     """How the per-token loss is reduced over an optimizer step (``reasonrl.losses.aggregate_loss``):
     ``sequence_mean``, each response's mean over its own tokens, then the mean over responses (the handout's and
@@ -809,6 +845,12 @@ class GRPOLoss(_Group):
     value with k2's gradient (verl's ``k3+``). k3 is computed with log r clamped to ±20 and its value to ≤ 10, as
     verl and NeMo RL do; a clamped token's penalty has no gradient. (``k1`` = -log r has expected gradient 0 as a
     loss, so it is not offered.)"""
+    ref_update_every: int = 0
+    """Every N GRPO steps the KL reference becomes the current policy (open-instruct's ``ref_policy_update_freq``,
+    TRL's ``sync_ref_model`` with mixup alpha 1): the penalty then holds each stretch of N steps near where it began
+    rather than the whole run near the init model. 0 = never (the init model throughout). Needs ``kl_coef`` > 0
+    and no LoRA (whose reference is the base model under the adapters); the reference's weights are then part of
+    every checkpoint."""
     mask_truncated: bool = False
     """Give zero loss weight to responses cut at ``max_tokens`` (DAPO's overlong filtering): an unfinished answer
     says nothing about the answer's correctness. They still count in their group's reward statistics."""
@@ -836,6 +878,23 @@ class GRPOLoss(_Group):
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
         _require(
             self.entropy_coef >= 0, "grpo.entropy_coef", f"must be ≥ 0 (0 = no entropy bonus), got {self.entropy_coef}"
+        )
+        _require(
+            self.advantage_estimator != "rloo" or not self.use_std_normalization,
+            "grpo.use_std_normalization",
+            "must be false with grpo.advantage_estimator rloo: RLOO's leave-one-out baseline divides by no std (verl's "
+            "compute_rloo_outcome_advantage); set it to false, or grpo.advantage_estimator to group_mean_std",
+        )
+        _require(
+            self.ref_update_every >= 0,
+            "grpo.ref_update_every",
+            f"must be ≥ 0 (0 = never), got {self.ref_update_every}",
+        )
+        _require(
+            self.ref_update_every == 0 or self.kl_coef > 0,
+            "grpo.ref_update_every",
+            f"refreshes the KL reference, but grpo.kl_coef is 0 (no KL penalty); set grpo.kl_coef > 0 or "
+            f"grpo.ref_update_every to 0 (it is {self.ref_update_every})",
         )
 
 
@@ -1023,10 +1082,11 @@ class GRPOConfig(_Section):
             "lora_rank lora_alpha lora_target_modules n_grpo_steps learning_rate lr_schedule warmup_steps "
             "advantage_eps rollout_batch_size group_size temperature min_tokens max_tokens "
             "epochs_per_rollout_batch train_batch_size gradient_accumulation_steps microbatch_tokens "
-            "old_log_probs_microbatch_tokens precision loss_type use_std_normalization loss_aggregation "
-            "cliprange cliprange_high dual_clip entropy_coef kl_coef kl_estimator dynamic_sampling "
-            "max_sampling_rounds mask_truncated max_grad_norm betas weight_decay prompt init_model "
-            "old_log_probs_from max_staleness rollout_is_cap rollout_is_level rollout_is_mode rollout_is_lower "
+            "old_log_probs_microbatch_tokens precision loss_type use_std_normalization advantage_estimator "
+            "loss_aggregation cliprange cliprange_high dual_clip entropy_coef kl_coef kl_estimator "
+            "ref_update_every dynamic_sampling max_sampling_rounds mask_truncated overlong_penalty max_grad_norm "
+            "betas weight_decay prompt init_model old_log_probs_from max_staleness rollout_is_cap "
+            "rollout_is_level rollout_is_mode rollout_is_lower "
             "eval_every eval_examples checkpoint_every keep_every max_consecutive_nonfinite "
             "gradient_checkpointing seed"
         ).split()
@@ -1045,6 +1105,13 @@ class GRPOConfig(_Section):
             f"({batching.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({batching.train_batch_size}) < "
             f"grpo.rollout_batch_size ({batching.rollout_batch_size}) trains later optimizer steps on samples of an "
             f"older policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
+        )
+        _require(
+            self.loss.ref_update_every == 0 or self.lora.lora_rank == 0,
+            "grpo.ref_update_every",
+            f"needs grpo.lora_rank 0: with LoRA the KL reference is the base model under the adapters, not a copy "
+            f"the policy's weights can be put into; set grpo.ref_update_every to 0 (it is "
+            f"{self.loss.ref_update_every}) or grpo.lora_rank to 0",
         )
         _require(
             0 <= self.warmup_steps <= self.total_optimizer_steps,

@@ -3,11 +3,12 @@
 One step, as ``run_grpo`` reads top to bottom: 1. rollouts: ``group_size`` answers to each of ``rollout_batch_size /
 group_size`` questions, sampled by the rollout engine loaded with the policy (lag 0: this step's; ``max_staleness``
 k ≥ 1: that of k steps before, in the engine's own process), each graded once as it is drawn → 2. scores:
-group-normalised advantages of those grades, training tensors → 3. fixed log-probs, once, without gradient: π_old
-(off-policy losses), π_ref (the KL penalty), the importance weights (``rollout_is_cap``) → 4. update:
-``epochs_per_rollout_batch`` passes over the batch in optimizer steps of ``train_batch_size`` responses → 5. the new
-weights to the engine → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the
-few values they use.
+group-relative advantages of those grades (``advantage_estimator``, with any ``overlong_penalty``), training tensors →
+3. fixed log-probs, once, without gradient: π_old (off-policy losses), π_ref (the KL penalty), the importance weights
+(``rollout_is_cap``) → 4. update: ``epochs_per_rollout_batch`` passes over the batch in optimizer steps of
+``train_batch_size`` responses → 5. the new weights to the engine (every ``ref_update_every`` steps to the KL
+reference too) → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the few
+values they use.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.losses import (
     group_normalized_advantages,
     grpo_microbatch_train_step,
+    leave_one_out_advantages,
     masked_mean,
+    overlong_penalties,
     rollout_importance_weights,
 )
 from reasonrl.models import compute_precision
@@ -72,7 +75,7 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, Precision
+    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, GRPOSampling, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.process import RolloutProcess
@@ -130,20 +133,35 @@ class RolloutBatch:
     """Responses cut at ``max_tokens`` (neither EOS nor a stop string ended them)."""
 
 
+def sample_overlong_penalties(samples: list[Sample], sampling: GRPOSampling) -> list[float]:
+    """``grpo.overlong_penalty`` of each of ``samples`` (:func:`reasonrl.losses.overlong_penalties`), by its
+    generated tokens, a final EOS counted (what ``max_tokens`` bounds)."""
+    penalty = sampling.overlong_penalty
+    lengths = [len(sample.token_ids) for sample in samples]
+    return overlong_penalties(lengths, sampling.max_tokens, penalty.buffer, penalty.max_penalty)
+
+
+def group_advantages(rewards: list[float], group_size: int, loss: GRPOLoss) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages [N], raw_rewards [N])`` of ``rewards`` in groups of ``group_size`` by ``grpo.advantage_estimator``:
+    :func:`reasonrl.losses.group_normalized_advantages` or :func:`reasonrl.losses.leave_one_out_advantages`."""
+    if loss.advantage_estimator == "rloo":
+        return leave_one_out_advantages(rewards, group_size)
+    return group_normalized_advantages(rewards, group_size, loss.advantage_eps, loss.use_std_normalization)
+
+
 def score_rollouts(
-    tokenizer: PreTrainedTokenizerBase,
-    drawn: DrawnRollouts,
-    group_size: int,
-    advantage_eps: float,
-    use_std_normalization: bool,
+    tokenizer: PreTrainedTokenizerBase, drawn: DrawnRollouts, group_size: int, loss: GRPOLoss, sampling: GRPOSampling
 ) -> RolloutBatch:
-    """The group-normalised advantages of the samples' grades (given as they were drawn:
-    :func:`reasonrl.losses.group_normalized_advantages`); training tensors from the exact sampled token ids, with the
-    engine's log-probs of them when it returned them."""
+    """The advantages (:func:`group_advantages`) of the samples' grades (given as they were drawn), with
+    ``grpo.overlong_penalty`` added when set (the advantages and ``raw_rewards`` see it; the grades, which the rollout
+    metrics and dynamic sampling read, do not); training tensors from the exact sampled token ids, with the engine's
+    log-probs of them when it returned them."""
     samples = drawn.samples
-    advantages, raw_rewards = group_normalized_advantages(
-        [score["reward"] for score in drawn.scores], group_size, advantage_eps, use_std_normalization
-    )
+    rewards = [score["reward"] for score in drawn.scores]
+    if sampling.overlong_penalty is not None:
+        penalties = sample_overlong_penalties(samples, sampling)
+        rewards = [reward + penalty for reward, penalty in zip(rewards, penalties, strict=True)]
+    advantages, raw_rewards = group_advantages(rewards, group_size, loss)
     # The ids the engine conditioned on, not a re-tokenization (which could drop or add a BOS token).
     prompt_ids = [sample.prompt_token_ids for sample in samples]
     tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
@@ -168,12 +186,16 @@ def score_rollouts(
 
 
 def summarize_rollouts(
-    step_rollouts: StepRollouts, group_size: int, dynamic_sampling: bool, ranks: Ranks = SINGLE
+    step_rollouts: StepRollouts, group_size: int, sampling: GRPOSampling, ranks: Ranks = SINGLE
 ) -> dict[str, float]:
     """What a step logs of its rollouts with each of its optimizer steps: :func:`rollout_metrics` over every rank's
-    samples, this rank's sampling rounds (and dropped groups, with dynamic sampling) and the policy lag."""
-    drawn = step_rollouts.drawn
-    summary = ranks.mean_metrics(rollout_metrics(drawn, group_size, dynamic_sampling))
+    samples (with ``grpo.overlong_penalty`` the mean penalty of the same samples, ``rollout/overlong_penalty``), this
+    rank's sampling rounds (and dropped groups, with dynamic sampling) and the policy lag."""
+    drawn, dynamic_sampling = step_rollouts.drawn, sampling.dynamic_sampling
+    metrics = rollout_metrics(drawn, group_size, dynamic_sampling)
+    if sampling.overlong_penalty is not None:
+        metrics["rollout/overlong_penalty"] = Mean.of(sample_overlong_penalties(drawn.sampled_samples, sampling))
+    summary = ranks.mean_metrics(metrics)
     summary["rollout/sampling_rounds"] = drawn.sampling_rounds
     summary["rollout/policy_lag"] = step_rollouts.policy_lag
     if dynamic_sampling:
@@ -330,18 +352,44 @@ class KLReference:
     """π_ref, the reference of the KL penalty: the init model, frozen. Without LoRA a copy of the policy as loaded, in
     the same dtype and computed in the same precision, so the penalty is exactly 0 before the first update (a bf16
     reference beside an fp32 ``mixed`` policy differs by up to 0.28 nat per token at step 0); with LoRA the policy
-    itself, its adapters off, at no extra memory."""
+    itself, its adapters off, at no extra memory. With ``grpo.ref_update_every`` N > 0 the copy takes the policy's
+    weights after every N-th GRPO step (:meth:`refresh`)."""
 
     frozen: PreTrainedModel | None
     """The frozen copy; None with LoRA."""
+    update_every: int = 0
+    """``grpo.ref_update_every``: GRPO steps between refreshes; 0 = never (the init model throughout)."""
 
     @classmethod
-    def of(cls, policy: PreTrainedModel, kl_coef: float, lora_rank: int) -> KLReference | None:
-        """``policy``'s reference, taken as it is loaded (before it is wrapped for training or resumed); None when
-        ``kl_coef`` is 0 (no penalty)."""
-        if kl_coef == 0:
+    def of(cls, policy: PreTrainedModel, loss: GRPOLoss, lora_rank: int) -> KLReference | None:
+        """``policy``'s reference, taken as it is loaded (before it is wrapped for training or resumed), refreshed
+        every ``loss.ref_update_every`` steps; None when ``loss.kl_coef`` is 0 (no penalty)."""
+        if loss.kl_coef == 0:
             return None
-        return cls(None if lora_rank > 0 else copy.deepcopy(policy).eval().requires_grad_(False))
+        frozen = None if lora_rank > 0 else copy.deepcopy(policy).eval().requires_grad_(False)
+        return cls(frozen, loss.ref_update_every)
+
+    def refresh(self, policy: PreTrainedModel, steps_done: int) -> None:
+        """After ``steps_done`` GRPO steps, when they are a multiple of ``update_every``: the frozen copy takes
+        ``policy``'s current weights, tensor by tensor in place (no second copy of the model in memory). Under
+        FSDP2 each is gathered whole, a collective every rank joins, so every rank's copy is the whole policy."""
+        if not self.update_every or steps_done % self.update_every:
+            return
+        copies = self.frozen.state_dict()  # shares storage with the frozen copy's weights
+        with torch.no_grad():
+            for name, tensor in policy.state_dict().items():
+                copies[name].copy_(full_tensor(tensor))
+
+    def load_weights(self, path: Path, saved: dict[str, torch.Tensor]) -> None:
+        """The frozen copy's weights as checkpoint ``path`` saved them (``saved``), once checked to be its own (every
+        name, every shape): otherwise :class:`CheckpointError`, and the copy is left as it was."""
+        own = self.frozen.state_dict()
+        shapes = {name: tuple(tensor.shape) for name, tensor in own.items()}
+        if {name: tuple(tensor.shape) for name, tensor in saved.items()} != shapes:
+            raise CheckpointError(f"{path / TENSORS_FILE}: its KL reference is not of this policy's names and shapes")
+        with torch.no_grad():
+            for name, tensor in saved.items():
+                own[name].copy_(tensor)
 
     def log_probs(
         self, trainer: torch.nn.Module, batch: RolloutBatch, forwards: Forwards, ranks: Ranks = SINGLE
@@ -670,6 +718,21 @@ class InFlightRollouts:
         state.in_flight = parse_in_flight(path, state, saved["in_flight_digest"], self.config)
 
 
+@dataclass(frozen=True)
+class RefreshedReference:
+    """GRPO's KL reference in its checkpoints when it is refreshed (``grpo.ref_update_every``): then it is the policy
+    of the last refresh, which neither the init model nor the checkpoint's policy is."""
+
+    reference: KLReference
+    names: ClassVar[tuple[str, ...]] = ("reference",)
+
+    def tensors(self, state: TrainingState) -> dict[str, Any]:
+        return {"reference": self.reference.frozen.state_dict()}
+
+    def restore(self, path: Path, state: TrainingState, saved: dict[str, Any]) -> None:
+        self.reference.load_weights(path, saved["reference"])
+
+
 def grpo_checkpoints(
     directory: Path,
     run_fingerprint: str,
@@ -679,11 +742,14 @@ def grpo_checkpoints(
     live_dir: Path,
     ranks: Ranks = SINGLE,
     config: GRPOConfig | None = None,
+    reference: KLReference | None = None,
 ) -> RunCheckpoints[TrainingState]:
     """A GRPO run's checkpoints in ``directory`` (:class:`reasonrl.training.checkpoints.RunCheckpoints`), with its
-    rollouts in flight: resumed only by a run of ``config`` that holds those (None: nothing in flight)."""
+    rollouts in flight: resumed only by a run of ``config`` that holds those (None: nothing in flight); and with
+    ``reference``'s weights when it is refreshed (``update_every`` > 0), restored after the rollouts are checked."""
     parts = directory, run_fingerprint, "GRPO", TrainingState, policy, optimizer, best, live_dir, ranks
-    return RunCheckpoints(*parts, part=InFlightRollouts(config))
+    refreshed = (RefreshedReference(reference),) if reference is not None and reference.update_every else ()
+    return RunCheckpoints(*parts, parts=(InFlightRollouts(config), *refreshed))
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
@@ -774,7 +840,7 @@ def run_grpo(
     the loop's source stops when the loop ends. Over several ``ranks`` (launched with ``distributed``) each rank trains
     on its share of each step's questions under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the best.
     ``keep(step, best)``: called on every rank every ``grpo.keep_every`` steps, to save the policy."""
-    reference = KLReference.of(policy, config.loss.kl_coef, config.lora.lora_rank)  # the init model, as loaded
+    reference = KLReference.of(policy, config.loss, config.lora.lora_rank)  # the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config.optimizer)  # after wrapping: FSDP2 shards the parameters
     best, device = BestCheckpoint(), next(policy.parameters()).device.type
@@ -782,7 +848,7 @@ def run_grpo(
     inputs = fingerprint(
         "grpo", config, eval_config, engine.config, init_model_dir, data, GRPO_STAGE, device, rewards, distributed
     )
-    checkpoints = grpo_checkpoints(checkpoint_dir, inputs, policy, optimizer, best, live_dir, ranks, config)
+    checkpoints = grpo_checkpoints(checkpoint_dir, inputs, policy, optimizer, best, live_dir, ranks, config, reference)
     state = checkpoints.resume()
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     source = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
@@ -798,8 +864,8 @@ def run_grpo(
             timer.lap("rollout")
             # 2. Scores: advantages, training tensors; the rollouts' summary over every rank's, logged with each update.
             drawn, loss, group_size = step_rollouts.drawn, config.loss, config.batching.group_size
-            batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
-            rollout_summary = summarize_rollouts(step_rollouts, group_size, config.sampling.dynamic_sampling, ranks)
+            batch = score_rollouts(tokenizer, drawn, group_size, loss, config.sampling)
+            rollout_summary = summarize_rollouts(step_rollouts, group_size, config.sampling, ranks)
             timer.lap("scoring")
             # 3. Fixed log-probs: π_old, π_ref and the importance weights, once per rollout batch, never differentiated.
             fixed, corrections = fixed_log_probs(trainer, batch, reference, config, ranks)
@@ -816,6 +882,8 @@ def run_grpo(
             timer.lap("train")
             # 5. Weights to the engine (lag 0: the next draw loads them; lag ≥ 1: to its process, the next draw asked).
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
+            if reference is not None:  # every grpo.ref_update_every steps: the KL reference becomes the policy
+                reference.refresh(policy, state.step)
             source.advance(state.step)
             state.elapsed_seconds += timer.total("step")
             log_step(live, timer, source.sync_seconds, step_rollouts.engine_seconds, state.step)

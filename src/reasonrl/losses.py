@@ -129,6 +129,31 @@ def group_normalized_advantages(
     return advantages.flatten(), raw_rewards
 
 
+def leave_one_out_advantages(rewards: list[float], group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO's advantages (arXiv:2402.14740) of rewards in consecutive groups of ``group_size``: each reward minus the
+    mean of the others in its group, ``A_i = r_i - (Σ_j r_j - r_i) / (G - 1)`` (TRL's form; verl's
+    ``compute_rloo_outcome_advantage`` writes the same as ``G/(G-1) · (r_i - mean)``). A group of one has no other
+    answer to compare with and keeps its reward as its advantage, as in verl.
+
+    Returns ``(advantages [N], raw_rewards [N])``, the rewards as float32.
+    """
+    raw_rewards = torch.tensor(rewards, dtype=torch.float32)  # [N]
+    if group_size == 1:
+        return raw_rewards.clone(), raw_rewards
+    grouped = raw_rewards.view(-1, group_size)  # [N/G, G]
+    others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others_mean).flatten(), raw_rewards
+
+
+def overlong_penalties(lengths: list[int], max_tokens: int, buffer: int, max_penalty: float) -> list[float]:
+    """DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13) of responses of ``lengths`` generated tokens,
+    in verl's DAPO reward manager's operation order: ``min(-(n - (max_tokens - buffer)) / buffer · max_penalty,
+    0)``, 0 up to ``max_tokens - buffer`` tokens, ``-max_penalty`` at ``max_tokens`` (see
+    :class:`reasonrl.config.OverlongPenalty`)."""
+    expected = max_tokens - buffer
+    return [min(-(length - expected) / buffer * max_penalty, 0.0) for length in lengths]
+
+
 # ------------------------------------------------------------------------------------------ policy-gradient losses
 def compute_naive_policy_gradient_loss(
     raw_rewards_or_advantages: torch.Tensor, policy_log_probs: torch.Tensor

@@ -36,13 +36,14 @@ def _flatten(values: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def changed_params(params: Params, sections: list[str]) -> list[tuple[str, Any, Any]]:
-    """``(dotted name, value, default)`` of each param of ``sections`` that differs from the code's default."""
+    """``(dotted name, value, default)`` of each param of ``sections`` that differs from the code's default; a
+    mapping set where the default is null (``grpo.overlong_penalty``) by its keys, each with the default None."""
     defaults = Params()
     changed = []
     for section in sections:
         ran = _flatten(flat_dict(getattr(params, section)), section)
         default = _flatten(flat_dict(getattr(defaults, section)), section)
-        changed += [(name, value, default[name]) for name, value in ran.items() if value != default[name]]
+        changed += [(name, value, default.get(name)) for name, value in ran.items() if value != default.get(name)]
     return changed
 
 
