@@ -129,7 +129,7 @@ def test_a_saved_model_has_a_card_with_its_route_params_accuracy_data_and_commit
     assert "synthetic arithmetic word problems that reasonrl generates" in saved and "openai/gsm8k" not in saved
     for file in files:
         digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
-        assert f"| {file.holds} | `{file.path.as_posix()}` | `{digest}` |" in saved
+        assert f"| synthetic arithmetic | {file.holds} | `{file.path.as_posix()}` | `{digest}` |" in saved
 
     # Still a model directory every loader takes, with the same weights.
     validate_model_dir(out)
@@ -307,7 +307,8 @@ def test_params_with_markup_stay_text_in_the_card(tmp_path):
     assert row("eval.stop", f"[</answer>, {payload}]", "[</answer>]") + "</tr>" in shown
     assert yaml.safe_load(f"[</answer>, {payload}]") == ["</answer>", payload]  # plain YAML, as written
     digest = hashlib.sha256(data.read_bytes()).hexdigest()
-    assert "<td>the &lt;b&gt;validation&lt;/b&gt; | split</td>\n" + row(data.as_posix(), digest)[5:] in shown
+    holds = "<td>GSM8K</td>\n<td>the &lt;b&gt;validation&lt;/b&gt; | split</td>\n"
+    assert holds + row(data.as_posix(), digest)[5:] in shown
     assert f"<strong>Base model:</strong> the local model directory <code>{html.escape(name)}</code>" in shown
     assert "<img" not in shown and "<b>" not in shown and "injected</td>" not in shown
 

@@ -263,6 +263,8 @@ DATA_LABELS = {
     "jsonl": "the run's own problems (data.jsonl)",
 }
 """Each ``data.name`` in a few words; :func:`data_text` says more."""
+DATA_SHORT = {"gsm8k": "GSM8K", "arithmetic": "synthetic arithmetic", "jsonl": "own problems"}
+"""Each ``data.name`` as the data table's rows name it."""
 
 
 def data_text(params: Params) -> str:
@@ -541,12 +543,20 @@ def params_section(params: Params, sections: list[str], provenance: Provenance) 
 def data_section(params: Params, files: tuple[DataFile, ...]) -> list[str]:
     text = data_text(params)
     lines = ["## Data", "", f"{text[:1].upper()}{text[1:]}.", ""]
-    if files:
-        lines += ["| data | file | sha256 |", "|---|---|---|"]
-        lines += [
-            f"| {md_inline(file.holds, in_table=True)} {_row(file.path.as_posix(), file_sha256(file.path))}"
-            for file in files
-        ]
+    if not files:
+        return lines
+    lines += [
+        "The files it read, each with its SHA-256 (the pipeline writes every data set, in GSM8K's format, under "
+        "`data/gsm8k/`):",
+        "",
+        "| data | what | file | sha256 |",
+        "|---|---|---|---|",
+    ]
+    data = DATA_SHORT[params.data.name]
+    lines += [
+        f"| {data} | {md_inline(file.holds, in_table=True)} {_row(file.path.as_posix(), file_sha256(file.path))}"
+        for file in files
+    ]
     return [*lines, ""]
 
 
