@@ -308,10 +308,13 @@ def test_the_stages_that_grade_depend_on_the_rewards_package_and_params(full_sca
 
 
 def test_a_models_card_names_the_users_reward(params_file, tmp_path):
-    from reasonrl.model_card import render_card
+    from reasonrl.model_card import Provenance, render_card
     from reasonrl.training.best import BestCheckpoint
 
-    (tmp_path / "train.jsonl").write_text("")
+    committed = load_params(params_file)
     params = load_params(with_rewards(params_file, r1_zero=TOLERANT))
-    card = render_card(params, "sft", "the final policy", BestCheckpoint(), "step", [tmp_path / "train.jsonl"], "abc")
-    assert f"| `rewards.r1_zero` | `{TOLERANT!r}` | `'r1_zero'` |" in card
+    card = render_card(
+        params, "sft", "the final policy", BestCheckpoint(), "step", Provenance("abc", committed, "", {}, (), {})
+    )
+    assert f"| `rewards.r1_zero` | `{TOLERANT}` | `r1_zero` |" in card
+    assert f"reasonrl graded it with the reward `{TOLERANT}` (`rewards.r1_zero`)" in card
