@@ -27,6 +27,7 @@ from reasonrl.model_card import (
     VALIDATION_SPLIT,
     DataFile,
     Provenance,
+    changed_params,
     front_matter,
     gather_provenance,
     git_commit,
