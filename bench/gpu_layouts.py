@@ -78,7 +78,7 @@ PRODUCTION_DTYPE = "bfloat16"
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--layout", choices=LAYOUTS, help="run one layout in this process (used by the driver)")
     parser.add_argument(
         "--dtype", default=PRODUCTION_DTYPE, choices=sorted(LOGPROB_TOLERANCE), help="engine and policy"

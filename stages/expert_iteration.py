@@ -7,6 +7,7 @@ from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.expert_iteration import run_expert_iteration
+from reasonrl.model_card import TRAIN_SPLIT, VALIDATION_SPLIT, DataFile
 from reasonrl.training.stage import SavedModel, run_training_stage
 
 
@@ -46,9 +47,10 @@ def main() -> None:
         params,
         "ei",
         start,
-        [train_file, val_file],
+        [DataFile(train_file, TRAIN_SPLIT), DataFile(val_file, VALIDATION_SPLIT)],
         run,
         [SavedModel(Path(args.out), "the round with the best validation accuracy")],
+        params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
         started=started,

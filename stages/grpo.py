@@ -8,6 +8,7 @@ from reasonrl.config import load_params
 from reasonrl.data import load_gsm8k
 from reasonrl.distributed import init_ranks
 from reasonrl.grpo import run_grpo
+from reasonrl.model_card import TRAIN_SPLIT, VALIDATION_SPLIT, DataFile
 from reasonrl.training.checkpoints import kept_directory
 from reasonrl.training.stage import SavedModel, run_training_stage
 
@@ -26,8 +27,8 @@ def main() -> None:
     params = load_params(args.params)
     config = params.grpo
     start = Path(args.models) / config.init_model  # read here, not templated into the command: no shell sees it
-    data_files = [Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"]
-    train, val = (load_gsm8k(path) for path in data_files)
+    train_file, val_file = Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"
+    train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
     shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
@@ -63,9 +64,10 @@ def main() -> None:
         params,
         "grpo",
         start,
-        data_files,
+        [DataFile(train_file, TRAIN_SPLIT), DataFile(val_file, VALIDATION_SPLIT)],
         run,
         outputs,
+        params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
         started=started,

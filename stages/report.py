@@ -1,7 +1,8 @@
-"""Stage report: the routes' test accuracy, training curves and example rollouts as Markdown and HTML, and the
-headline metrics file that ``dvc exp show`` opens with.
+"""Stage report: the summary verdict, the run's details, the routes' test accuracy, training curves and example answers
+as Markdown and HTML, and the headline metrics file that ``dvc exp show`` opens with.
 
-It reads this run's files only (its deps): a cached report never goes stale. Experiments side by side are
+It reads this run's files only (its deps), and the date, commit and machine it renders on (the page says so): a
+cached report describes its own run, never experiments made since. Experiments side by side are
 ``python -m reasonrl.compare``'s, outside the pipeline.
 """
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
-from reasonrl.report import ReportInputs, build_report
 from reasonrl.report.document import write_report
+from reasonrl.report.environment import capture_environment
 from reasonrl.report.headline import write_headline
+from reasonrl.report.page import ReportInputs, build_report
 
 
 def main() -> None:
@@ -23,7 +25,7 @@ def main() -> None:
     parser.add_argument("--headline", required=True, help="headline metrics JSON to write (test accuracy per route, …)")
     args = parser.parse_args()
     load_params(args.params)  # a report of a run with invalid params would mislead
-    inputs = ReportInputs(reports_dir=Path(args.reports), params_path=Path(args.params))
+    inputs = ReportInputs(Path(args.reports), Path(args.params), capture_environment())
     report = build_report(inputs)
 
     write_report(report, args.out, args.html, args.figures)

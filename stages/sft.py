@@ -7,6 +7,7 @@ from pathlib import Path
 from reasonrl.cli import open_live, run_stage, stage_parser
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import load_gsm8k, read_jsonl
+from reasonrl.model_card import SFT_PAIRS, VALIDATION_SPLIT, DataFile
 from reasonrl.sft import Pair, run_sft
 from reasonrl.training.checkpoints import kept_directory
 from reasonrl.training.stage import SavedModel, run_training_stage
@@ -63,9 +64,10 @@ def main() -> None:
         params,
         "sft",
         args.model,
-        [pairs_file, val_file],
+        [DataFile(pairs_file, SFT_PAIRS[config.dataset]), DataFile(val_file, VALIDATION_SPLIT)],
         run,
         [SavedModel(Path(args.out), "the step with the best validation accuracy")],
+        params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
         started=started,

@@ -3,7 +3,7 @@
 Each rank draws its share of one step's questions from its own engine, trains two optimizer steps on them through
 the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: its questions and samples, the rollout
 metrics as the loop logs them, the reduced gradients of each step, its whole weights afterwards, and the engine's
-log-probs after a weight load against HF's.
+log-probs after a weight load against HF's, and whether a KL reference refreshed to the trained policy holds all of it.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY [TP]
 
@@ -25,6 +25,7 @@ from reasonrl.distributed import full_tensor, init_ranks, wrap_for_training
 from reasonrl.grpo import (
     FixedLogProbs,
     Forwards,
+    KLReference,
     NonFiniteGuard,
     accumulate_gradients,
     compute_old_log_probs,
@@ -78,7 +79,7 @@ def main() -> None:
         drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
     loss, group_size, max_grad_norm = CONFIG.loss, CONFIG.batching.group_size, CONFIG.optimizer.max_grad_norm
     rollout = ranks.mean_metrics(rollout_metrics(drawn, group_size, CONFIG.sampling.dynamic_sampling))
-    batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+    batch = score_rollouts(tokenizer, drawn, group_size, loss, CONFIG.sampling)
     fixed = FixedLogProbs(old=compute_old_log_probs(trainer, batch, Forwards.fixed(CONFIG), ranks))
     rows = ranks.rows_to_train(len(batch.responses))
     gradients, losses = [], []
@@ -89,6 +90,11 @@ def main() -> None:
         gradients.append({name: full_tensor(p.grad).clone() for name, p in policy.named_parameters()})
         optimizer_step(trainer, optimizer, max_grad_norm, guard, 0, {"loss": metrics["train/loss"]}, ranks)
     weights = dict(merged_weights(policy))  # every rank gathers (FSDP2)
+    # A KL reference refreshed to the trained policy (grpo.ref_update_every): every rank's copy whole.
+    refreshing = GRPOConfig(kl_coef=0.1, ref_update_every=1).loss
+    reference = KLReference.of(load_policy(model_dir, torch.device("cpu"))[0], refreshing, lora_rank=0)
+    reference.refresh(policy, steps_done=1)
+    refreshed = all(torch.equal(tensor, weights[name]) for name, tensor in reference.frozen.state_dict().items())
 
     # The engine after a weight load samples from the trained policy: its log-probs against HF's on the same tokens
     # (no min_tokens: the engine's log-probs of those tokens are of a distribution without EOS).
@@ -117,7 +123,9 @@ def main() -> None:
         },
         out_dir / f"rank{ranks.rank}.pt",
     )
-    (out_dir / f"rank{ranks.rank}.json").write_text(json.dumps({"engine_vs_hf": worst, "rank": ranks.rank}))
+    (out_dir / f"rank{ranks.rank}.json").write_text(
+        json.dumps({"engine_vs_hf": worst, "rank": ranks.rank, "reference_refreshed": refreshed})
+    )
     torch.distributed.barrier()  # the process group stays: vLLM tears its own groups down at exit
 
 

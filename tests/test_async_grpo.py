@@ -112,8 +112,7 @@ def test_weights_streamed_to_the_engine_process_give_the_trainers_log_probs(engi
 
 def scored(tokenizer, drawn, config):
     """The step's rollout batch, as the loop scores it."""
-    loss = config.loss
-    return score_rollouts(tokenizer, drawn, config.batching.group_size, loss.advantage_eps, loss.use_std_normalization)
+    return score_rollouts(tokenizer, drawn, config.batching.group_size, config.loss, config.sampling)
 
 
 def run(engine, policy, tokenizer, model_dir, work, config, kept: dict | None = None):

@@ -119,8 +119,8 @@ def test_experiment_names_are_drawn_as_written(monkeypatch):
     from reasonrl.report import figures
 
     names = ["reference", "x$_$", "x${$", "$$", "_hidden", "a\\$b"]
-    drawn, png = [], figures._png
-    monkeypatch.setattr(figures, "_png", lambda figure: drawn.append(figure) or png(figure))
+    drawn, png = [], figures.png
+    monkeypatch.setattr(figures, "png", lambda figure: drawn.append(figure) or png(figure))
     build_comparison([experiment(name, {}, {}) for name in names])
     (figure,) = drawn
     legend = figure.axes[0].get_legend()  # the SFT panel: every experiment logged a curve

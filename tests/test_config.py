@@ -6,7 +6,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig, flat_dict, from_dict, load_params, parse_yaml
+from reasonrl.config import (
+    ConfigError,
+    GRPOConfig,
+    OverlongPenalty,
+    Params,
+    SFTConfig,
+    flat_dict,
+    from_dict,
+    load_params,
+    parse_yaml,
+)
 from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,9 +65,35 @@ def test_repository_params_are_valid_full_scale(params_file):
             {"rollout": {"gpu_memory_utilization": 1.5}},
             r"rollout.gpu_memory_utilization: must be a fraction in \(0, 1\]",
         ),
-        ({"grpo": {"cliprange_high": 0.28}}, "grpo.cliprange_high: only grpo_clip clips"),
+        (
+            {"grpo": {"cliprange_high": 0.28}},
+            "grpo.cliprange_high: only grpo_clip or gspo or gspo_token or cispo clips",
+        ),
         ({"grpo": {"kl_coef": -0.1}}, "grpo.kl_coef: must be ≥ 0"),
-        ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3'\]"),
+        ({"grpo": {"kl_estimator": "k1"}}, r"grpo.kl_estimator: must be one of \['k2', 'k3', 'k3_k2grad'\]"),
+        # Issue 32: the advantage estimator, the reference refresh and the overlong penalty.
+        ({"grpo": {"advantage_estimator": "loo"}}, r"grpo.advantage_estimator: must be one of \['group_mean_std', 'rl"),
+        ({"grpo": {"advantage_estimator": "rloo"}}, "grpo.use_std_normalization: must be false with grpo.advantage_e"),
+        ({"grpo": {"ref_update_every": 3}}, "grpo.ref_update_every: refreshes the KL reference, but grpo.kl_coef is 0"),
+        ({"grpo": {"ref_update_every": -1, "kl_coef": 0.1}}, "grpo.ref_update_every: must be ≥ 0 "),
+        (
+            {"grpo": {"ref_update_every": 2, "kl_coef": 0.1, "lora_rank": 8}},
+            "grpo.ref_update_every: needs grpo.lora_rank 0",
+        ),
+        (
+            {"grpo": {"overlong_penalty": {"buffer": 2048, "max_penalty": 1.0}}},
+            r"grpo.overlong_penalty.buffer: must be ≤ grpo.max_tokens \(1024\)",
+        ),
+        ({"grpo": {"overlong_penalty": {"max_penalty": 1.0}}}, "grpo.overlong_penalty.buffer: must be a number of tok"),
+        (
+            {"grpo": {"overlong_penalty": {"buffer": 64, "max_penalty": 0}}},
+            "grpo.overlong_penalty.max_penalty: must be >",
+        ),
+        (
+            {"grpo": {"overlong_penalty": {"buffer": 64, "factor": 1.0}}},
+            "grpo.overlong_penalty.factor: unknown parameter",
+        ),
+        ({"grpo": {"overlong_penalty": 64}}, "grpo.overlong_penalty: must be a mapping, got 64"),
         # Issue 20: params that used to fail late, in vLLM or in the middle of a stage, or never.
         ({"eval": {"stop": ["</answer>", ""]}}, r"eval.stop\[1\]: must be a non-empty string"),
         ({"eval": {"temperature": float("inf")}}, "eval.temperature: must be a finite number, got inf"),
@@ -266,3 +302,15 @@ def test_a_training_section_takes_flat_keys_its_groups_or_both():
     with pytest.raises(TypeError, match="tempreature"):
         GRPOConfig(tempreature=0.5)
     assert SFTConfig(betas=[0.8, 0.9]).optimizer.betas == [0.8, 0.9] and SFTConfig().optimizer.betas == [0.9, 0.999]
+
+
+def test_the_overlong_penalty_is_a_mapping_in_params_yaml_and_a_dataclass_in_code(tmp_path, full_scale_params):
+    tree = yaml.safe_load(full_scale_params)
+    tree["grpo"]["overlong_penalty"] = {"buffer": 256, "max_penalty": 1}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    grpo = load_params(path).grpo
+    assert grpo.sampling.overlong_penalty == OverlongPenalty(buffer=256, max_penalty=1.0)
+    assert isinstance(grpo.sampling.overlong_penalty.max_penalty, float)
+    assert flat_dict(grpo)["overlong_penalty"] == {"buffer": 256, "max_penalty": 1.0}  # the fingerprint's, the card's
+    assert Params().grpo.sampling.overlong_penalty is None  # off by default, as in the committed params.yaml

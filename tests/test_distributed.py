@@ -21,6 +21,7 @@ from reasonrl.distributed import SINGLE, Ranks, init_ranks
 from reasonrl.grpo import NonFiniteGuard, optimizer_step, sample_metrics, score_rollouts
 from reasonrl.launch import torchrun_arguments
 from reasonrl.prompts import load_prompt
+from reasonrl.rewards import checked
 from reasonrl.rollouts.drawing import score_samples
 from reasonrl.rollouts.types import DrawnRollouts
 from reasonrl.training.optimizer import make_optimizer
@@ -105,15 +106,19 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
+def run_two_ranks(worker: str, out_dir: Path, *arguments: object) -> list[dict]:
+    """``tests/<worker>`` on two ranks (torchrun, gloo) with ``arguments``; what each rank saved in ``out_dir``."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy,
-        str(tensor_parallel_size),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(TESTS / worker),
+        *map(str, arguments),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
+    return run_two_ranks("distributed_worker.py", out_dir, model_dir, out_dir, strategy, tensor_parallel_size)
 
 
 def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:
@@ -174,7 +179,8 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     by_text = {question.question: question for question in train}
     questions = [by_text[text] for text in drawn]
     group_size = CONFIG.batching.group_size
-    scores = score_samples(questions, samples, group_size, odd_length_reward)
+    reward = checked(odd_length_reward, "rewards.r1_zero", "odd_length_reward")
+    scores = score_samples(questions, samples, group_size, reward, CONFIG.sampling.max_tokens)
     union = SINGLE.mean_metrics(sample_metrics(samples, scores, group_size, "rollout/"))
     rewards = [odd_length_reward(sample.text, "")["reward"] for sample in samples]
     correct = [sum(rewards[:half]), sum(rewards[half:])]
@@ -195,7 +201,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     )
     loss = CONFIG.loss
     # the sampled ids as training tensors
-    batch = score_rollouts(tokenizer, union_drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+    batch = score_rollouts(tokenizer, union_drawn, group_size, loss, CONFIG.sampling)
     counts = [
         len(
             split_microbatches(
@@ -234,8 +240,10 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
     for rank in range(2):
-        engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        engine_vs_hf = report["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
+        assert report["reference_refreshed"], f"rank {rank}: the refreshed KL reference is not the whole policy"
 
 
 FAKE_SRUN = """#!/bin/bash

@@ -141,7 +141,7 @@ def test_each_sample_is_graded_once_as_it_is_drawn(engine, setting, dynamic):
         drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11)
         assert graded == [sample.text for sample in drawn.sampled_samples]
         group_size, loss = config.batching.group_size, config.loss
-        batch = score_rollouts(engine.tokenizer(), drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+        batch = score_rollouts(engine.tokenizer(), drawn, group_size, loss, config.sampling)
         rollout_metrics(drawn, group_size, dynamic_sampling=True)
         assert len(graded) == len(drawn.sampled_samples)
     assert drawn.sampled_scores == [odd_length_reward(sample.text, "") for sample in drawn.sampled_samples]

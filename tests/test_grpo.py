@@ -127,16 +127,16 @@ def test_grpo_clip_step_matches_hand_computed_with_shifted_old_log_probs(tiny_mo
     tiny_model.zero_grad()
 
 
-@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
-def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, length_normalization):
-    """``masked_mean``: the step's mean runs over the kept rows. ``masked_normalize`` (Dr. GRPO): each kept row's
+@pytest.mark.parametrize("loss_aggregation", ["sequence_mean", "constant_normalizer"])
+def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, loss_aggregation):
+    """``sequence_mean``: the step's mean runs over the kept rows. ``constant_normalizer`` (Dr. GRPO): each kept row's
     summed loss over max_tokens, averaged over *all* the step's rows (truncated ones count with zero loss), so the
     constant normaliser does not grow with the truncation rate."""
     batch = fixed_batch(advantages=[1.5, -0.5, 0.7, -1.0], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     batch.truncated = torch.tensor([False, True, False, True])
     config = GRPOConfig(
         rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, mask_truncated=True,
-        length_normalization=length_normalization, max_tokens=7,
+        loss_aggregation=loss_aggregation, max_tokens=7,
     )  # fmt: skip
     kept = [0, 2]
     tiny_model.zero_grad()
@@ -144,7 +144,7 @@ def test_mask_truncated_leaves_truncated_responses_out_of_the_step(tiny_model, l
     log_probs = log_probs.gather(-1, batch.labels[kept].unsqueeze(-1)).squeeze(-1)
     mask = batch.response_mask[kept].float()
     per_token = -batch.advantages[kept].unsqueeze(-1) * log_probs
-    if length_normalization == "masked_mean":
+    if loss_aggregation == "sequence_mean":
         expected_loss = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
     else:
         expected_loss = (per_token * mask).sum() / 7 / 4  # over all 4 rows, not the 2 kept
@@ -211,7 +211,7 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
     """Three groups of two over two rounds of dynamic sampling, one dropped (both answers wrong): ``rollout/``
     describes all six samples, as a run without dynamic sampling would, ``rollout/kept_`` the four trained on."""
 
-    def exact_match(text: str, truth: str) -> dict[str, float]:
+    def exact_match(text: str, truth: str, info: object = None) -> dict[str, float]:
         return dict.fromkeys(("reward", "format_reward", "answer_reward"), float(text == truth))
 
     first, second, third = (GSM8KExample(f"q{n}", "", str(n)) for n in (1, 2, 3))
@@ -225,7 +225,7 @@ def test_rollout_metrics_describe_every_sampled_group_and_the_kept_ones_apart_as
         "3": [sample("3", 2), sample("w", 7)],  # the second round's
     }
     questions = {"1": first, "2": second, "3": third}
-    scores = {name: score_samples([questions[name]], group, 2, exact_match) for name, group in groups.items()}
+    scores = {name: score_samples([questions[name]], group, 2, exact_match, 7) for name, group in groups.items()}
     drawn = DrawnRollouts(
         [first, third], ["p1", "p3"], groups["1"] + groups["3"], scores["1"] + scores["3"],
         sampled_questions=[first, second, third], sampled_samples=groups["1"] + groups["2"] + groups["3"],

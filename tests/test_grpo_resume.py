@@ -58,6 +58,9 @@ OVERRIDES = {
     "grpo.warmup_steps": 3,
     # Policies kept for later at steps 3 and 6: one before the kill, one after the resume.
     "grpo.keep_every": 3,
+    # The KL reference becomes the policy after steps 3 and 6: the first resume (from step 2) must take the refresh up,
+    # the asynchronous one (from step 4) must restore the refreshed reference from its checkpoint.
+    "grpo.ref_update_every": 3,
 }
 
 
@@ -131,7 +134,8 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     for kind in ("final", "best"):
         card = (resumed / "grpo" / kind / "README.md").read_text(encoding="utf-8")
         assert card == (uninterrupted / "grpo" / kind / "README.md").read_text(encoding="utf-8")
-        assert "95% interval [" in card and "| `grpo.lr_schedule` | `'cosine'` | `'constant'` |" in card
+        # the params file is in no git repository: the card lists every param, by section
+        assert "95% interval [" in card and "\n### grpo\n" in card and "| `grpo.lr_schedule` | `cosine` |" in card
     init, final = load_file(model / "base/model.safetensors"), load_file(resumed / "grpo/final/model.safetensors")
     assert any(not torch.equal(init[name], final[name]) for name in init.keys() & final.keys()), "weights never moved"
     expected, actual = (json.loads((run / "metrics.json").read_text()) for run in (uninterrupted, resumed))
@@ -213,8 +217,8 @@ def child_pids(pid: int) -> list[int]:
 
 def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_path):
     """``max_staleness: 2``: killed (-9) once step 4's checkpoint is on disk, with the rollouts of steps 4 to 6
-    drawn by older weights in it, the stage's engine process ends on its own, and the rerun ends with exactly
-    the weights, metrics and curves of an uninterrupted run."""
+    drawn by older weights in it (and the KL reference refreshed after step 3), the stage's engine process ends on
+    its own, and the rerun ends with exactly the weights, metrics and curves of an uninterrupted run."""
     root, _, data, model = stage_inputs
     params = tmp_path / "params.yaml"
     params.write_text((root / "params.yaml").read_text())
@@ -230,6 +234,11 @@ def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_p
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
     saved = json.loads((resumed / "checkpoints/step-000004/state.json").read_text())
+    # The KL reference there is the policy after step 3: neither the init model nor the checkpoint's own policy.
+    tensors = torch.load(resumed / "checkpoints/step-000004/checkpoint.pt", weights_only=True)
+    init, reference = load_file(model / "base/model.safetensors"), tensors["reference"]
+    assert any(not torch.equal(init[name], reference[name]) for name in init)
+    assert any(not torch.equal(tensors["policy"][name], reference[name]) for name in reference)
     # Steps 5 and 6 drawn by older weights are held; step 6's, drawn by the checkpoint's own, is requested anew.
     assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5]
     assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3]

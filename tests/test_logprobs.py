@@ -210,3 +210,37 @@ def test_temperature_scores_the_tempered_distribution(tiny_model, padded_batch, 
 def test_temperature_must_be_positive(tiny_model, padded_batch, temperature):
     with pytest.raises(ValueError, match="temperature must be > 0"):
         get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], temperature=temperature)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("path", ["chunked", "full_logits"])
+def test_entropy_grad_is_the_gradient_of_the_full_logits_entropy(tiny_model, padded_batch, path, temperature):
+    """``entropy_grad``: the entropy of the same forward carries the gradient of ``compute_entropy(logits / T)``
+    (``dH/dz = -p (log p + H)`` in the chunked backward), alone and beside the log-probs' own; the values are those
+    without it, bit for bit."""
+
+    class SubclassedQwen2(type(tiny_model)):  # a forward not in _PLAIN_HEAD_FORWARDS: the full-logits path
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = copy.deepcopy(tiny_model)
+    if path == "full_logits":
+        model = SubclassedQwen2(tiny_model.config)
+        model.load_state_dict(tiny_model.state_dict())
+    input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
+    options = {"return_token_entropy": True, "chunk_size": 3, "temperature": temperature}
+    lean = get_response_log_probs(model, input_ids, labels, entropy_grad=True, **options)
+    plain = get_response_log_probs(model, input_ids, labels, **options)
+    assert lean["token_entropy"].requires_grad and not plain["token_entropy"].requires_grad
+    assert torch.equal(lean["token_entropy"], plain["token_entropy"])
+    assert torch.equal(lean["log_probs"], plain["log_probs"])
+    weights = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape) * mask  # a different weight per token
+    for objective in (lambda lp, h: (weights * h).sum(), lambda lp, h: masked_mean(lp - 0.3 * h, mask)):
+        lean = get_response_log_probs(model, input_ids, labels, entropy_grad=True, **options)
+        lean_grads = parameter_grads(model, objective(lean["log_probs"], lean["token_entropy"]))
+        logits = model(input_ids).logits / temperature  # [B, T, V]
+        naive = torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        naive_grads = parameter_grads(model, objective(naive, compute_entropy(logits)))
+        assert lean_grads.keys() == naive_grads.keys()
+        for name, grad in naive_grads.items():
+            assert torch.allclose(lean_grads[name], grad, rtol=1e-4, atol=1e-6), name

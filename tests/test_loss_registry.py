@@ -25,7 +25,7 @@ from reasonrl.loss_registry import register_loss
     {THROWAWAY!r}, "raw_rewards", needs_old_log_probs=True, settings=("cliprange",),
     token_metrics={{"ratio_above_one_fraction": "above_one"}},
 )
-def capped_ratio_on_rewards(weights, policy_log_probs, old_log_probs, settings):
+def capped_ratio_on_rewards(weights, policy_log_probs, old_log_probs, response_mask, settings):
     ratio = (policy_log_probs - old_log_probs).exp()
     return -weights * ratio.clamp(max=1.0 + settings.cliprange), {{"above_one": ratio > 1.0}}
 """
@@ -48,6 +48,7 @@ def every_input(batch: int = 3, tokens: int = 4) -> dict[str, torch.Tensor | flo
         "old_log_probs": -torch.rand(batch, tokens, generator=generator),
         "cliprange": 0.2,
         "cliprange_high": 0.28,
+        "response_mask": torch.tensor([[1.0] * tokens] + [[1.0] * (tokens - 1) + [0.0]] * (batch - 1)),
     }
 
 
@@ -61,7 +62,9 @@ def test_each_entry_computes_a_per_token_loss_with_the_metrics_it_declares(name)
     for flag in entry.token_metrics.values():
         assert metadata[flag].shape == (3, 4) and metadata[flag].dtype == torch.bool
     settings = LossSettings(given["cliprange"], given["cliprange_high"])
-    direct, _ = entry.per_token(given[entry.weight], log_probs, given["old_log_probs"], settings)
+    direct, _ = entry.per_token(
+        given[entry.weight], log_probs, given["old_log_probs"], given["response_mask"], settings
+    )
     assert torch.equal(direct, loss)
     assert set(entry.inputs) <= set(given)
     for missing in entry.inputs:
@@ -101,7 +104,9 @@ def test_a_loss_type_registered_in_the_registry_alone_reaches_the_grpo_loop(thro
     """Its weight decides whether a step has signal, its metrics are the step's, and its ratio lets it train
     off-policy; it reads no cliprange_high, so that is refused."""
     config = GRPOConfig(**OFF_POLICY, loss_type=throwaway)  # off-policy: accepted, it reads old log-probs
-    with pytest.raises(ConfigError, match=f"only grpo_clip clips; .* \\(it is {throwaway}\\)"):
+    with pytest.raises(
+        ConfigError, match=f"only grpo_clip or gspo or gspo_token or cispo clips; .* \\(it is {throwaway}\\)"
+    ):
         GRPOConfig(**OFF_POLICY, loss_type=throwaway, cliprange_high=0.28)
     rewards_only = fixed_batch(advantages=[0.0] * 4, raw_rewards=[1.0, 0.0, 0.0, 0.0])
     signal = [has_learning_signal(rewards_only, rows, config.loss) for rows in ([0, 1], [2, 3])]

@@ -15,7 +15,14 @@ from reasonrl import (
     masked_normalize,
     sft_microbatch_train_step,
 )
-from reasonrl.losses import compute_grpo_no_clip_loss, compute_kl, rollout_importance_weights
+from reasonrl.losses import (
+    compute_grpo_no_clip_loss,
+    compute_kl,
+    group_normalized_advantages,
+    leave_one_out_advantages,
+    overlong_penalties,
+    rollout_importance_weights,
+)
 
 
 def handout_example():
@@ -94,6 +101,83 @@ def test_group_normalization_rejects_ragged_groups():
         compute_group_normalized_rewards(lambda r, t: {}, ["a"] * 4, ["a"] * 4, 3, 1e-6, True)
 
 
+def hand_leave_one_out(rewards: list[float], group_size: int) -> list[float]:
+    """RLOO written out: each reward minus the plain mean of the other rewards of its group."""
+    advantages = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        for index, reward in enumerate(group):
+            others = group[:index] + group[index + 1 :]
+            advantages.append(reward - sum(others) / len(others) if others else reward)
+    return advantages
+
+
+def verl_rloo(rewards: list[float], group_size: int) -> list[float]:
+    """verl's compute_rloo_outcome_advantage, its operations in its order: r·n/(n−1) − mean·n/(n−1) per group of
+    n > 1, the reward itself in a group of one."""
+    scores = torch.tensor(rewards)
+    out = scores.clone()
+    for start in range(0, len(rewards), group_size):
+        group = scores[start : start + group_size]
+        n = len(group)
+        if n > 1:
+            out[start : start + n] = group * n / (n - 1) - torch.mean(group) * n / (n - 1)
+    return out.tolist()
+
+
+@pytest.mark.parametrize(
+    ("rewards", "group_size"),
+    [
+        ([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5], 4),  # a split group and one without variance
+        ([1.0, 0.0, 0.1, 1.0, 0.0, 0.0], 3),
+        ([1.0, 0.0, 0.0, 0.0], 2),  # groups of two: ±(r0 − r1)
+        ([0.7, -0.3, 1.0], 1),  # a group of one keeps its reward, as in verl
+    ],
+)
+def test_rloo_advantages_are_the_leave_one_out_baseline_by_hand_and_verls(rewards, group_size):
+    advantages, raw = leave_one_out_advantages(rewards, group_size)
+    assert raw.tolist() == pytest.approx(rewards) and raw.dtype == torch.float32
+    assert advantages.tolist() == pytest.approx(hand_leave_one_out(rewards, group_size), abs=1e-6)
+    assert advantages.tolist() == pytest.approx(verl_rloo(rewards, group_size), abs=1e-6)
+    if group_size > 1:  # G/(G−1) times the mean-centred advantage (Dr. GRPO's)
+        centred, _ = group_normalized_advantages(rewards, group_size, 1e-6, normalize_by_std=False)
+        torch.testing.assert_close(advantages, centred * group_size / (group_size - 1))
+
+
+def test_rloo_advantages_by_hand_and_their_policy_gradient():
+    """One group [1, 0, 0, 1]: A = r − mean(others) = ±2/3, the sum over the group 0. Through
+    reinforce_with_baseline and the per-sequence mean, d loss / d log π(o_t) = −A_i / (tokens_i · B)."""
+    advantages, _ = leave_one_out_advantages([1.0, 0.0, 0.0, 1.0], 4)
+    assert advantages.tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    log_probs = torch.full((4, 3), -1.0, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
+    loss, _ = compute_policy_gradient_loss(log_probs, "reinforce_with_baseline", advantages=advantages.unsqueeze(-1))
+    masked_mean(loss, mask, dim=-1).mean().backward()
+    tokens = mask.sum(dim=-1, keepdim=True)
+    torch.testing.assert_close(log_probs.grad, -advantages.unsqueeze(-1) / tokens / 4 * mask)
+
+
+def verl_overlong(length: int, max_tokens: int, buffer: int, factor: float) -> float:
+    """verl's DAPO reward manager's overlong term, written as it is there."""
+    expected_len = max_tokens - buffer
+    exceed_len = length - expected_len
+    return min(-exceed_len / buffer * factor, 0)
+
+
+def test_overlong_penalty_at_the_edges_of_its_buffer():
+    """max_tokens 10, buffer 4: nothing up to 6 tokens, then −max_penalty · (n − 6) / 4, −max_penalty at 10."""
+    lengths = [0, 5, 6, 7, 8, 9, 10]
+    penalties = overlong_penalties(lengths, max_tokens=10, buffer=4, max_penalty=0.5)
+    assert penalties == [0.0, 0.0, 0.0, -0.125, -0.25, -0.375, -0.5]  # exact: dyadic fractions
+    assert penalties == [verl_overlong(n, 10, 4, 0.5) for n in lengths]
+    assert [reward + penalty for reward, penalty in zip([1.0] * 3, penalties[:3], strict=True)] == [1.0] * 3
+    # a buffer of the whole budget: from the first token on; a buffer of one: the last token only
+    assert overlong_penalties([0, 3, 12], 12, 12, 1.0) == pytest.approx([0.0, -0.25, -1.0])
+    assert overlong_penalties([10, 11, 12], 12, 1, 2.0) == [0.0, 0.0, -2.0]
+    thirds = overlong_penalties([7, 8], 9, 3, 1.0)  # not dyadic: verl's order of operations, in double
+    assert thirds == [verl_overlong(n, 9, 3, 1.0) for n in (7, 8)] == [-1 / 3, -2 / 3]
+
+
 def test_naive_policy_gradient_loss():
     log_probs = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]])
     advantages = torch.tensor([[2.0], [-1.0]])
@@ -152,8 +236,8 @@ def test_policy_gradient_loss_dispatch():
     assert "clip_fraction" in metadata
 
 
-@pytest.mark.parametrize("length_normalization", ["masked_mean", "masked_normalize"])
-def test_grpo_microbatch_train_step_matches_handout_example(length_normalization):
+@pytest.mark.parametrize("loss_aggregation", ["sequence_mean", "constant_normalizer"])
+def test_grpo_microbatch_train_step_matches_handout_example(loss_aggregation):
     mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype=torch.float32)
     log_probs = torch.zeros(2, 7, requires_grad=True)  # ρ = 1 against old log-probs of 0
     loss, metadata = grpo_microbatch_train_step(
@@ -164,11 +248,11 @@ def test_grpo_microbatch_train_step_matches_handout_example(length_normalization
         advantages=torch.full((2, 1), 2.0),
         old_log_probs=torch.zeros(2, 7),
         cliprange=0.2,
-        length_normalization=length_normalization,
+        loss_aggregation=loss_aggregation,
         normalize_constant=7,
     )
     # dloss/dlogp = dloss/dρ at ρ = 1, negated (the loss is -ρA), halved by accumulation
-    if length_normalization == "masked_mean":
+    if loss_aggregation == "sequence_mean":
         assert loss.item() == pytest.approx(-2.0 / 2)
         expected_grad = -torch.tensor([[0.25] * 4 + [0.0] * 3, [1 / 7] * 7]) / 2
     else:
@@ -178,15 +262,15 @@ def test_grpo_microbatch_train_step_matches_handout_example(length_normalization
     assert metadata["clip_fraction"].item() == 0.0
 
 
-def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
-    with pytest.raises(ValueError, match="length_normalization must be one of"):
+def test_grpo_microbatch_train_step_rejects_bad_loss_aggregation():
+    with pytest.raises(ValueError, match="loss_aggregation must be one of"):
         grpo_microbatch_train_step(
             torch.zeros(1, 2, requires_grad=True),
             torch.ones(1, 2),
             1,
             "no_baseline",
             raw_rewards=torch.ones(1, 1),
-            length_normalization="sum",
+            loss_aggregation="sum",
         )
     with pytest.raises(ValueError, match="needs normalize_constant"):
         grpo_microbatch_train_step(
@@ -195,7 +279,7 @@ def test_grpo_microbatch_train_step_rejects_bad_length_normalization():
             1,
             "no_baseline",
             raw_rewards=torch.ones(1, 1),
-            length_normalization="masked_normalize",
+            loss_aggregation="constant_normalizer",
         )
 
 
@@ -220,7 +304,7 @@ def test_kl_estimators_by_hand():
     reference = torch.log(torch.tensor([[0.25, 0.25]]))  # r = π_ref/π = [0.5, 1]
     assert compute_kl(policy, reference, "k2").tolist()[0] == pytest.approx([0.5 * math.log(2) ** 2, 0.0])
     assert compute_kl(policy, reference, "k3").tolist()[0] == pytest.approx([0.5 - 1 + math.log(2), 0.0])
-    with pytest.raises(ValueError, match="kl_estimator must be one of k2, k3"):
+    with pytest.raises(ValueError, match="kl_estimator must be one of k2, k3, k3_k2grad"):
         compute_kl(policy, reference, "k1")
 
 
@@ -240,9 +324,10 @@ def exact_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
     return {"expected": expected, "forward": forward, "reverse": reverse}
 
 
-@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse")])
+@pytest.mark.parametrize(("estimator", "direction"), [("k2", "forward"), ("k3", "reverse"), ("k3_k2grad", "forward")])
 def test_kl_penalty_expected_gradient_is_the_documented_kl_gradient(estimator, direction):
-    """k2's expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring says), exactly;
+    """k2's (and k3_k2grad's) expected gradient is ∇ KL(π ‖ π_ref), k3's ∇ KL(π_ref ‖ π) (what compute_kl's docstring
+    says), exactly;
     k1 = -log r, the removed estimator, had expected gradient 0 (norm 0 here against ∇ KL's 0.3+)."""
     gradients = exact_kl_gradients(estimator)
     other = "reverse" if direction == "forward" else "forward"

@@ -6,6 +6,7 @@ import stat
 import subprocess
 
 import pytest
+import yaml
 from pipeline_repo import make_pipeline_repo, run
 
 # The CPU preset on GSM8K (the preset's own data is synthetic), smaller still: this checks the plumbing.
@@ -142,6 +143,13 @@ def test_dvc_repro_grpo_then_loss_type_ablation(pipeline_repo):
     run(["dvc", "exp", "run", "-S", "grpo.loss_type=no_baseline", "grpo"], clone, env)
     params = json.loads(run(["dvc", "params", "diff", "--json"], clone, env))
     assert params["params.yaml"]["grpo.loss_type"] == {"old": "reinforce_with_baseline", "new": "no_baseline"}
+    # The model's card compares the params it ran with against params.yaml as committed: the ablation's one change.
+    card = (clone / "models/grpo/best/README.md").read_text(encoding="utf-8")
+    changed = card.split("## Params that differ from params.yaml as committed\n", 1)[1].split("\n## ", 1)[0]
+    assert [line for line in changed.splitlines() if line.startswith("| `")] == [
+        "| `grpo.loss_type` | `no_baseline` | `reinforce_with_baseline` |"
+    ]
+    assert yaml.safe_load(card.split("---\n")[1])["datasets"] == ["openai/gsm8k"]
     assert "reports/grpo/metrics.json" in run(["dvc", "metrics", "show"], clone, env)
 
 

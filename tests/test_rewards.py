@@ -177,6 +177,67 @@ def test_a_reward_that_breaks_its_contract_at_run_time_is_named_with_the_respons
         crashing(long, "4")
 
 
+WITH_INFO = """
+from reasonrl.grading import r1_zero_reward_fn
+
+BUFFER = 4
+SEEN = []
+
+
+def soft_overlong(response, ground_truth, info):
+    \"\"\"DAPO's soft overlong punishment written by a user: the grade where a stage measures (info None).\"\"\"
+    grade = r1_zero_reward_fn(response, ground_truth)
+    if info is None:
+        return grade
+    penalty = min(-(info.tokens - (info.max_tokens - BUFFER)) / BUFFER * 1.0, 0.0)
+    return {**grade, "reward": grade["reward"] + penalty}
+
+
+def any_keywords(response, ground_truth, **keywords):
+    SEEN.append(keywords)
+    return {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
+
+
+def needs_info(response, ground_truth, info):
+    return {"format_reward": 1.0, "answer_reward": 1.0, "reward": float(info.tokens)}
+"""
+
+
+def test_a_reward_that_takes_info_sees_each_rollouts_tokens_and_truncation(other_tree):
+    """GRPO's draw passes each sample's token count (a final EOS counted), truncation and budget to a reward that
+    takes ``info`` (a parameter or ``**kwargs``): a user's DAPO punishment then equals the built-in
+    ``grpo.overlong_penalty``. A measuring stage calls it with None; a reward without the keyword is called as
+    before; one that cannot grade without info is refused by the probes."""
+    from reasonrl.losses import overlong_penalties
+    from reasonrl.rewards import ResponseInfo, takes_info
+    from reasonrl.rollouts.drawing import score_samples
+
+    (other_tree / "rewards/mine.py").write_text(WITH_INFO)
+    right = " 2 + 2 = 4 </think> <answer> 4 </answer>"
+    samples = [Sample(right, [7] * (length - 1) + [0], None, [2], "eos") for length in (3, 4, 5, 6, 7)] + [
+        Sample(right, [7] * 8, None, [2], "length")
+    ]
+    questions = [GSM8KExample("q", "", "4")]
+    check_reward("rewards.mine:soft_overlong", other_tree)
+    shaped = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:soft_overlong"}, other_tree)
+    rewards = [score["reward"] for score in score_samples(questions, samples, len(samples), shaped, max_tokens=8)]
+    assert rewards == [1.0 + penalty for penalty in overlong_penalties([3, 4, 5, 6, 7, 8], 8, 4, 1.0)]
+    assert rewards == [1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert shaped(right, "4")["reward"] == 1.0  # evaluation, the SFT filter, expert iteration: info None
+
+    keywords = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:any_keywords"}, other_tree)
+    score_samples(questions, samples[-1:], 1, keywords, max_tokens=8)
+    keywords(right, "4")
+    seen = sys.modules["rewards.mine"].SEEN
+    assert seen[-2:] == [{"info": ResponseInfo(tokens=8, truncated=True, max_tokens=8)}, {"info": None}]
+
+    assert not takes_info(r1_zero_reward_fn)  # without the keyword: called as before, info or not
+    built_in = prompt_reward("r1_zero")
+    assert built_in(right, "4", info=ResponseInfo(3, False, 8)) == built_in(right, "4") == r1_zero_reward_fn(right, "4")
+    with pytest.raises(RewardSpecError, match=r"needs_info raised AttributeError: .* on the probe \(.*, info=None\)"):
+        check_reward("rewards.mine:needs_info", other_tree)
+
+
 def test_a_module_that_fails_to_import_is_refused_by_its_error(other_tree):
     (other_tree / "rewards/mine.py").write_text("import not_installed_anywhere\n")
     with pytest.raises(RewardSpecError, match="importing rewards.mine failed: ModuleNotFoundError: No module named"):
@@ -247,10 +308,13 @@ def test_the_stages_that_grade_depend_on_the_rewards_package_and_params(full_sca
 
 
 def test_a_models_card_names_the_users_reward(params_file, tmp_path):
-    from reasonrl.model_card import render_card
+    from reasonrl.model_card import Provenance, render_card
     from reasonrl.training.best import BestCheckpoint
 
-    (tmp_path / "train.jsonl").write_text("")
+    committed = load_params(params_file)
     params = load_params(with_rewards(params_file, r1_zero=TOLERANT))
-    card = render_card(params, "sft", "the final policy", BestCheckpoint(), "step", [tmp_path / "train.jsonl"], "abc")
-    assert f"| `rewards.r1_zero` | `{TOLERANT!r}` | `'r1_zero'` |" in card
+    card = render_card(
+        params, "sft", "the final policy", BestCheckpoint(), "step", Provenance("abc", committed, "", {}, (), {})
+    )
+    assert f"| `rewards.r1_zero` | `{TOLERANT}` | `r1_zero` |" in card
+    assert f"reasonrl graded it with the reward `{TOLERANT}` (`rewards.r1_zero`)" in card

@@ -113,7 +113,9 @@ def test_sft_resumes_after_kill_as_an_uninterrupted_run(sft_runs, tiny_model_dir
     resumed_at = int(log.split("SFT: resuming from ")[1].split("(step ")[1].split(")")[0])
     assert 10 <= resumed_at < 40
     assert_same_run(uninterrupted, resumed, "train/loss.tsv", 40)
-    assert "| `sft.lr_schedule` | `'cosine'` | `'constant'` |" in (resumed / "model" / MODEL_CARD).read_text()
+    card = (resumed / "model" / MODEL_CARD).read_text()
+    # The params file is in no git repository: the card lists every param, by section.
+    assert "\n### sft\n" in card and "| `sft.lr_schedule` | `cosine` |" in card
     init, final = load_file(tiny_model_dir / "model.safetensors"), load_file(resumed / "model/model.safetensors")
     assert any(not torch.equal(init[name], final[name]) for name in init), "weights never moved"
 

@@ -1,4 +1,4 @@
-"""Writes this directory's example of a user's own data (README "Your own data"), deterministically.
+"""Writes this directory's example of a user's own data (docs/own-data.md), deterministically.
 
 Fields named unlike GSM8K's (``problem``, ``solution``) and answers in the ``boxed`` format: the reasoning, then
 ``The answer is \\boxed{N}.``. train and test hold the CPU preset's arithmetic (1-2 steps on values up to 9);

@@ -22,7 +22,15 @@ import yaml
 from reasonrl.benchmarks import BENCHMARKS
 from reasonrl.data import ANSWER_FORMATS, LATEX, JsonlFields
 from reasonrl.errors import ConfigError
-from reasonrl.loss_registry import KL_ESTIMATORS, LENGTH_NORMALIZATIONS, LOSS_TYPES, loss_types_where
+from reasonrl.loss_registry import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    LOSS_TYPES,
+    RENAMED_AGGREGATIONS,
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_IS_MODES,
+    loss_types_where,
+)
 from reasonrl.prompts import PROMPT_NAMES, REWARD_FNS
 from reasonrl.rewards import RewardSpecError, check_reward
 from reasonrl.schedules import LR_SCHEDULES
@@ -30,8 +38,11 @@ from reasonrl.schedules import LR_SCHEDULES
 # The closed sets of names a param can take, from the registries that give each name its meaning.
 PromptName = Literal[PROMPT_NAMES]
 LossTypeName = Literal[tuple(LOSS_TYPES)]
-LengthNormalization = Literal[LENGTH_NORMALIZATIONS]
+LossAggregation = Literal[LOSS_AGGREGATIONS]
 KLEstimator = Literal[KL_ESTIMATORS]
+RolloutISLevel = Literal[ROLLOUT_IS_LEVELS]
+RolloutISMode = Literal[ROLLOUT_IS_MODES]
+AdvantageEstimator = Literal["group_mean_std", "rloo"]
 LRSchedule = Literal[tuple(LR_SCHEDULES)]
 AnswerFormat = Literal[ANSWER_FORMATS]
 BenchmarkName = Literal[tuple(BENCHMARKS)]
@@ -264,7 +275,8 @@ class EngineConfig:
     deterministic: bool = False
     """Every stage's PyTorch (policy and engine, one process) on deterministic kernels:
     ``torch.use_deterministic_algorithms(True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``. CPU runs repeat without
-    it; on CUDA it is slower, and an operation without a deterministic kernel stops the stage (README)."""
+    it; on CUDA it is slower, and an operation without a deterministic kernel stops the stage
+    (docs/reproducibility.md)."""
 
     @property
     def engine_memory_fraction(self) -> float:
@@ -331,7 +343,7 @@ class EvalConfig:
     samples_per_question: int = 1
     """Samples per question; accuracy averages over all of them (more samples → smaller standard error)."""
     test_sets: list[TestSetConfig] = field(default_factory=list)
-    """Extra held-out sets final_eval grades every route on, each reported on its own (README "Your own data")."""
+    """Extra held-out sets final_eval grades every route on, each reported on its own (docs/own-data.md)."""
     benchmarks: list[BenchmarkName] = field(default_factory=list)
     """Standard benchmarks by name (``reasonrl.benchmarks``: math500, aime24, amc23, minerva_math, olympiadbench,
     college_math, svamp, asdiv, mawps), downloaded by the download stage from their pinned upstream files."""
@@ -439,6 +451,9 @@ class _Section:
     """The params.yaml section, which names the params in errors."""
     KEYS: ClassVar[tuple[str, ...]]
     """Every key of the section, in the order model cards and run fingerprints list them (:func:`flat_dict`)."""
+    RENAMED: ClassVar[dict[str, tuple[str, dict[str, str]]]] = {}
+    """A key that is no more → the key that replaced it and the new names of its values: :func:`from_dict` refuses
+    the old key with a one-line error that says what to write instead."""
 
     def __init__(self, **values: Any) -> None:
         cls = type(self)
@@ -751,6 +766,25 @@ class EIConfig(SFTOptimization):
 
 
 @dataclass(frozen=True)
+class OverlongPenalty:
+    """``grpo.overlong_penalty``: DAPO's soft overlong punishment (arXiv:2503.14476, eq. 13), a reward term by
+    response length. A response of ``n`` generated tokens (a final EOS counted: what ``max_tokens`` bounds) gets
+    ``min(-(n - (max_tokens - buffer)) / buffer · max_penalty, 0)`` added to its grade: nothing up to ``max_tokens -
+    buffer`` tokens, then falling linearly to ``-max_penalty`` at ``max_tokens`` (verl's DAPO reward manager's
+    ``overlong_buffer``). It shapes the reward the advantages are computed from; the logged rewards, accuracy and
+    dynamic sampling's filter stay the grades (DAPO filters groups on accuracy)."""
+
+    buffer: int = 0
+    """The last tokens of the budget over which the penalty grows (DAPO: 4096 of 20480); to be set."""
+    max_penalty: float = 1.0
+    """The penalty at ``max_tokens`` (DAPO: 1.0, the gap between a right and a wrong answer)."""
+
+    def __post_init__(self) -> None:
+        _require(self.buffer >= 1, "grpo.overlong_penalty.buffer", f"must be a number of tokens ≥ 1, got {self.buffer}")
+        _require(self.max_penalty > 0, "grpo.overlong_penalty.max_penalty", f"must be > 0, got {self.max_penalty}")
+
+
+@dataclass(frozen=True)
 class GRPOSampling(_Group):
     """How a GRPO step's rollouts are drawn."""
 
@@ -768,12 +802,22 @@ class GRPOSampling(_Group):
     every one of them informative."""
     max_sampling_rounds: int = 3
     """Sampling rounds per step at most with ``dynamic_sampling``; short of groups then, the step trains on fewer."""
+    overlong_penalty: OverlongPenalty | None = None
+    """``{buffer, max_penalty}``: DAPO's soft overlong punishment on the reward (:class:`OverlongPenalty`); null =
+    off. A buffer of at most ``max_tokens``."""
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_sampling_rounds"):
             _require(getattr(self, name) >= 1, f"grpo.{name}", f"must be ≥ 1, got {getattr(self, name)}")
         _require(self.temperature > 0, "grpo.temperature", "must be > 0 (sampling)")
         _require(0 <= self.min_tokens <= self.max_tokens, "grpo.min_tokens", "must be in [0, grpo.max_tokens]")
+        penalty = self.overlong_penalty
+        _require(
+            penalty is None or penalty.buffer <= self.max_tokens,
+            "grpo.overlong_penalty.buffer",
+            f"must be ≤ grpo.max_tokens ({self.max_tokens}): the penalty grows over the budget's last tokens, got "
+            f"{penalty and penalty.buffer}",
+        )
 
 
 @dataclass(frozen=True)
@@ -787,22 +831,49 @@ class GRPOLoss(_Group):
     """Added to the group std before dividing (a group of equal rewards has std 0)."""
     use_std_normalization: bool = True
     """Divide advantages by the group std (GRPO, arXiv:2402.03300); false = mean only (Dr. GRPO, arXiv:2503.20783)."""
-    length_normalization: LengthNormalization = "masked_mean"
-    """Per-sequence loss: mean over its own tokens, or sum / max_tokens (Dr. GRPO: no bias toward short answers)."""
+    advantage_estimator: AdvantageEstimator = "group_mean_std"
+    """The baseline a reward is compared with: ``group_mean_std``, its group's mean (then the std division of
+    ``use_std_normalization``); ``rloo``, the mean of the other answers in its group (RLOO, arXiv:2402.14740; verl's
+    ``compute_rloo_outcome_advantage``), ``A_i = r_i - mean_{j≠i} r_j``, which is ``G/(G-1)`` times the mean-centred
+    advantage; a group of one keeps its reward, as verl does. RLOO divides by no std: it needs
+    ``use_std_normalization: false``."""
+    loss_aggregation: LossAggregation = "sequence_mean"
+    """How the per-token loss is reduced over an optimizer step (``reasonrl.losses.aggregate_loss``):
+    ``sequence_mean``, each response's mean over its own tokens, then the mean over responses (the handout's and
+    the GRPO paper's; a token of a short answer weighs more); ``constant_normalizer``, each response's sum over
+    ``max_tokens``, then the mean (Dr. GRPO, arXiv:2503.20783); ``token_mean``, the mean over every response token
+    of the step, across microbatches and ranks (DAPO, arXiv:2503.14476; TRL's and verl's default). Replaces
+    ``length_normalization`` (masked_mean → sequence_mean, masked_normalize → constant_normalizer)."""
     cliprange: float = 0.2
-    """ε of grpo_clip."""
+    """ε of the clipped loss types (grpo_clip, gspo, gspo_token; cispo's upper bound when ``cliprange_high`` is
+    null). GSPO's paper clips its sequence ratio at 3e-4 and 4e-4."""
     cliprange_high: float | None = None
-    """grpo_clip's upper ε (ratios above 1 + this are clipped for positive advantages): DAPO's clip-higher
-    (arXiv:2503.14476, 0.28 there) leaves low-probability tokens room to grow, against entropy collapse; null =
-    ``cliprange`` (symmetric)."""
+    """The upper ε of the clipped loss types (ratios above 1 + this are clipped for positive advantages): DAPO's
+    clip-higher (arXiv:2503.14476, 0.28 there) leaves low-probability tokens room to grow, against entropy collapse;
+    cispo's weight bound 1 + this; null = ``cliprange`` (symmetric)."""
+    dual_clip: float | None = None
+    """grpo_clip's dual-clip bound c > 1 (arXiv:1912.09729; verl's ``clip_ratio_c``, 3 there): for a negative
+    advantage the loss is at most ``-c·A``, however far the ratio runs above 1 on stale samples; null = off."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus: ``entropy_coef`` times each response token's entropy (of the same forward pass)
+    is subtracted from its loss before the reduction (verl's ``entropy_coeff``, TRL's ``entropy_coef``); 0 = off.
+    ``train/entropy`` is logged either way."""
     kl_coef: float = 0.0
     """Weight of a per-token KL penalty to the frozen init model (0 = off, the handout's and DAPO's choice; the GRPO
     paper used 0.04): keeps the policy near where it started at the cost of a reference forward pass per rollout
     batch and a copy of the weights."""
     kl_estimator: KLEstimator = "k3"
     """The penalty per sampled token, r = π_ref/π: ``k3`` = (r-1) - log r, whose expected gradient is ∇ KL(π_ref ‖ π)
-    (the GRPO paper's), or ``k2`` = ½ (log r)², whose expected gradient is ∇ KL(π ‖ π_ref). (``k1`` = -log r has
-    expected gradient 0 as a loss, so it is not offered.)"""
+    (the GRPO paper's), ``k2`` = ½ (log r)², whose expected gradient is ∇ KL(π ‖ π_ref), or ``k3_k2grad``, k3's
+    value with k2's gradient (verl's ``k3+``). k3 is computed with log r clamped to ±20 and its value to ≤ 10, as
+    verl and NeMo RL do; a clamped token's penalty has no gradient. (``k1`` = -log r has expected gradient 0 as a
+    loss, so it is not offered.)"""
+    ref_update_every: int = 0
+    """Every N GRPO steps the KL reference becomes the current policy (open-instruct's ``ref_policy_update_freq``,
+    TRL's ``sync_ref_model`` with mixup alpha 1): the penalty then holds each stretch of N steps near where it began
+    rather than the whole run near the init model. 0 = never (the init model throughout). Needs ``kl_coef`` > 0
+    and no LoRA (whose reference is the base model under the adapters); the reference's weights are then part of
+    every checkpoint."""
     mask_truncated: bool = False
     """Give zero loss weight to responses cut at ``max_tokens`` (DAPO's overlong filtering): an unfinished answer
     says nothing about the answer's correctness. They still count in their group's reward statistics."""
@@ -815,13 +886,39 @@ class GRPOLoss(_Group):
             "grpo.cliprange_high",
             f"must be > 0 or null, got {self.cliprange_high}",
         )
-        clippers = " or ".join(loss_types_where(lambda entry: "cliprange_high" in entry.settings))
-        _require(  # a setting of the loss types that read it only (the registry's entries say)
-            self.cliprange_high is None or "cliprange_high" in LOSS_TYPES[self.loss_type].settings,
-            "grpo.cliprange_high",
-            f"only {clippers} clips; set it to null or grpo.loss_type to {clippers} (it is {self.loss_type})",
+        _require(
+            self.dual_clip is None or self.dual_clip > 1,
+            "grpo.dual_clip",
+            f"must be a ratio bound > 1 or null (off), got {self.dual_clip}",
         )
+        for setting, verb in (("cliprange_high", "clips"), ("dual_clip", "has a dual clip")):
+            readers = " or ".join(loss_types_where(lambda entry, setting=setting: setting in entry.settings))
+            _require(  # a setting of the loss types that read it only (the registry's entries say)
+                getattr(self, setting) is None or setting in LOSS_TYPES[self.loss_type].settings,
+                f"grpo.{setting}",
+                f"only {readers} {verb}; set it to null or grpo.loss_type to {readers} (it is {self.loss_type})",
+            )
         _require(self.kl_coef >= 0, "grpo.kl_coef", f"must be ≥ 0 (0 = no KL penalty), got {self.kl_coef}")
+        _require(
+            self.entropy_coef >= 0, "grpo.entropy_coef", f"must be ≥ 0 (0 = no entropy bonus), got {self.entropy_coef}"
+        )
+        _require(
+            self.advantage_estimator != "rloo" or not self.use_std_normalization,
+            "grpo.use_std_normalization",
+            "must be false with grpo.advantage_estimator rloo: RLOO's leave-one-out baseline divides by no std (verl's "
+            "compute_rloo_outcome_advantage); set it to false, or grpo.advantage_estimator to group_mean_std",
+        )
+        _require(
+            self.ref_update_every >= 0,
+            "grpo.ref_update_every",
+            f"must be ≥ 0 (0 = never), got {self.ref_update_every}",
+        )
+        _require(
+            self.ref_update_every == 0 or self.kl_coef > 0,
+            "grpo.ref_update_every",
+            f"refreshes the KL reference, but grpo.kl_coef is 0 (no KL penalty); set grpo.kl_coef > 0 or "
+            f"grpo.ref_update_every to 0 (it is {self.ref_update_every})",
+        )
 
 
 @dataclass(frozen=True)
@@ -904,6 +1001,15 @@ class GRPOAsynchrony(_Group):
     π_old is the trainer's log-prob at the start of the step and μ the engine's (behaviour) log-prob of the sampled
     token (TIS, Yao et al. 2025; AReaL's decoupled objective, arXiv:2505.24298); the KL penalty is not weighted.
     null = off; otherwise ≥ 1, with ``old_log_probs_from: policy`` (the engine's π_old would equal μ)."""
+    rollout_is_level: RolloutISLevel = "token"
+    """With ``rollout_is_cap``: ``token``, a weight π_old/μ per token; ``sequence``, one weight per response, the
+    product of its tokens' (TRL's ``sequence_*`` modes, verl's ``rollout_is: sequence``), on each of its tokens."""
+    rollout_is_mode: RolloutISMode = "truncate"
+    """With ``rollout_is_cap``: ``truncate``, min(w, cap); ``mask``, w inside [``rollout_is_lower``, cap] and 0
+    outside (IcePop; TRL's ``*_mask`` modes): tokens (or responses) the engine and the trainer disagree on too much
+    get no gradient. ``train/is_truncated_fraction`` or ``train/is_masked_fraction`` logs the tokens affected."""
+    rollout_is_lower: float | None = None
+    """``mask``'s lower bound, in (0, 1]; null = 1 / ``rollout_is_cap``."""
 
     def __post_init__(self) -> None:
         _require(
@@ -926,6 +1032,20 @@ class GRPOAsynchrony(_Group):
             f"must be policy with grpo.rollout_is_cap {self.rollout_is_cap}: with engine, π_old would equal the "
             f"engine's μ and the importance weight would always be 1; set it to policy (or grpo.rollout_is_cap to "
             f"null)",
+        )
+        for name, default in (("rollout_is_level", "token"), ("rollout_is_mode", "truncate")):
+            value = getattr(self, name)
+            _require(
+                self.rollout_is_cap is not None or value == default,
+                f"grpo.{name}",
+                f"({value}) shapes the importance weights of grpo.rollout_is_cap, which is null (off): set "
+                f"grpo.rollout_is_cap (e.g. 2.0) or grpo.{name} to {default}",
+            )
+        lower = self.rollout_is_lower
+        _require(
+            lower is None or (self.rollout_is_mode == "mask" and 0 < lower <= 1),
+            "grpo.rollout_is_lower",
+            f"must be null, or in (0, 1] with grpo.rollout_is_mode mask (it is {self.rollout_is_mode}), got {lower}",
         )
 
 
@@ -979,14 +1099,17 @@ class GRPOConfig(_Section):
     seed: int = 0
 
     SECTION = "grpo"
+    RENAMED = {"length_normalization": ("loss_aggregation", RENAMED_AGGREGATIONS)}
     KEYS = tuple(
         (
             "lora_rank lora_alpha lora_target_modules n_grpo_steps learning_rate lr_schedule warmup_steps "
             "advantage_eps rollout_batch_size group_size temperature min_tokens max_tokens "
             "epochs_per_rollout_batch train_batch_size gradient_accumulation_steps microbatch_tokens "
-            "old_log_probs_microbatch_tokens precision loss_type use_std_normalization length_normalization "
-            "cliprange cliprange_high kl_coef kl_estimator dynamic_sampling max_sampling_rounds mask_truncated "
-            "max_grad_norm betas weight_decay prompt init_model old_log_probs_from max_staleness rollout_is_cap "
+            "old_log_probs_microbatch_tokens precision loss_type use_std_normalization advantage_estimator "
+            "loss_aggregation cliprange cliprange_high dual_clip entropy_coef kl_coef kl_estimator "
+            "ref_update_every dynamic_sampling max_sampling_rounds mask_truncated overlong_penalty max_grad_norm "
+            "betas weight_decay prompt init_model old_log_probs_from max_staleness rollout_is_cap "
+            "rollout_is_level rollout_is_mode rollout_is_lower "
             "eval_every eval_examples checkpoint_every keep_every max_consecutive_nonfinite "
             "gradient_checkpointing seed"
         ).split()
@@ -1005,6 +1128,13 @@ class GRPOConfig(_Section):
             f"({batching.epochs_per_rollout_batch}) > 1 or grpo.train_batch_size ({batching.train_batch_size}) < "
             f"grpo.rollout_batch_size ({batching.rollout_batch_size}) trains later optimizer steps on samples of an "
             f"older policy (a biased gradient): use {with_ratio}, or one optimizer step per rollout batch",
+        )
+        _require(
+            self.loss.ref_update_every == 0 or self.lora.lora_rank == 0,
+            "grpo.ref_update_every",
+            f"needs grpo.lora_rank 0: with LoRA the KL reference is the base model under the adapters, not a copy "
+            f"the policy's weights can be put into; set grpo.ref_update_every to 0 (it is "
+            f"{self.loss.ref_update_every}) or grpo.lora_rank to 0",
         )
         _require(
             0 <= self.warmup_steps <= self.total_optimizer_steps,
@@ -1028,7 +1158,7 @@ class DistributedConfig:
     nproc_per_node: int = 1
     """Processes (GPUs) per node; 1 with ``nnodes: 1`` = the ordinary single-process run."""
     nnodes: int = 1
-    """Nodes; above 1 the launcher meets the other nodes at ``$MASTER_ADDR`` (see the README's SLURM recipe)."""
+    """Nodes; above 1 the launcher meets the other nodes at ``$MASTER_ADDR`` (the SLURM recipe: docs/multi-gpu.md)."""
     strategy: Literal["ddp", "fsdp2"] = "ddp"
     """``ddp``: every rank holds the whole policy and AdamW state (the 1.5B model fits one GPU); ``fsdp2``: both
     sharded over the ranks (``fully_shard`` per decoder layer), for larger models."""
@@ -1223,8 +1353,15 @@ def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     hints = _param_types(cls)
     known = sorted(hints)
     kwargs = {}
+    renamed = getattr(cls, "RENAMED", {})
     for key, value in values.items():
         name = f"{prefix}.{key}" if prefix else key
+        if key in renamed:
+            new_key, new_values = renamed[key]
+            mapping = ", ".join(f"{old} → {new}" for old, new in new_values.items())
+            known_value = isinstance(value, str) and value in new_values
+            hint = f"; write {prefix}.{new_key}: {new_values[value]}" if known_value else ""
+            raise ConfigError(f"{name}: replaced by {prefix}.{new_key} ({mapping}){hint}")
         _require(key in known, name, f"unknown parameter; {prefix or 'the top level'} has {known}")
         kwargs[key] = _convert(value, hints[key], name)
     try:

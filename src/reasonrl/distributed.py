@@ -182,9 +182,15 @@ class PolicyScorer(torch.nn.Module):
         labels: torch.Tensor,
         return_token_entropy: bool = False,
         temperature: float = 1.0,
+        entropy_grad: bool = False,
     ) -> dict[str, torch.Tensor]:
         return get_response_log_probs(
-            self.policy, input_ids, labels, return_token_entropy=return_token_entropy, temperature=temperature
+            self.policy,
+            input_ids,
+            labels,
+            return_token_entropy=return_token_entropy,
+            temperature=temperature,
+            entropy_grad=entropy_grad,
         )
 
 

@@ -3,11 +3,12 @@
 One step, as ``run_grpo`` reads top to bottom: 1. rollouts: ``group_size`` answers to each of ``rollout_batch_size /
 group_size`` questions, sampled by the rollout engine loaded with the policy (lag 0: this step's; ``max_staleness``
 k ≥ 1: that of k steps before, in the engine's own process), each graded once as it is drawn → 2. scores:
-group-normalised advantages of those grades, training tensors → 3. fixed log-probs, once, without gradient: π_old
-(off-policy losses), π_ref (the KL penalty), the importance weights (``rollout_is_cap``) → 4. update:
-``epochs_per_rollout_batch`` passes over the batch in optimizer steps of ``train_batch_size`` responses → 5. the new
-weights to the engine → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the
-few values they use.
+group-relative advantages of those grades (``advantage_estimator``, with any ``overlong_penalty``), training tensors →
+3. fixed log-probs, once, without gradient: π_old (off-policy losses), π_ref (the KL penalty), the importance weights
+(``rollout_is_cap``) → 4. update: ``epochs_per_rollout_batch`` passes over the batch in optimizer steps of
+``train_batch_size`` responses → 5. the new weights to the engine (every ``ref_update_every`` steps to the KL
+reference too) → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the few
+values they use.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.losses import (
     group_normalized_advantages,
     grpo_microbatch_train_step,
+    leave_one_out_advantages,
     masked_mean,
+    overlong_penalties,
     rollout_importance_weights,
 )
 from reasonrl.models import compute_precision
@@ -72,7 +75,7 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, Precision
+    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, GRPOSampling, Precision
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.process import RolloutProcess
@@ -130,20 +133,35 @@ class RolloutBatch:
     """Responses cut at ``max_tokens`` (neither EOS nor a stop string ended them)."""
 
 
+def sample_overlong_penalties(samples: list[Sample], sampling: GRPOSampling) -> list[float]:
+    """``grpo.overlong_penalty`` of each of ``samples`` (:func:`reasonrl.losses.overlong_penalties`), by its
+    generated tokens, a final EOS counted (what ``max_tokens`` bounds)."""
+    penalty = sampling.overlong_penalty
+    lengths = [len(sample.token_ids) for sample in samples]
+    return overlong_penalties(lengths, sampling.max_tokens, penalty.buffer, penalty.max_penalty)
+
+
+def group_advantages(rewards: list[float], group_size: int, loss: GRPOLoss) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages [N], raw_rewards [N])`` of ``rewards`` in groups of ``group_size`` by ``grpo.advantage_estimator``:
+    :func:`reasonrl.losses.group_normalized_advantages` or :func:`reasonrl.losses.leave_one_out_advantages`."""
+    if loss.advantage_estimator == "rloo":
+        return leave_one_out_advantages(rewards, group_size)
+    return group_normalized_advantages(rewards, group_size, loss.advantage_eps, loss.use_std_normalization)
+
+
 def score_rollouts(
-    tokenizer: PreTrainedTokenizerBase,
-    drawn: DrawnRollouts,
-    group_size: int,
-    advantage_eps: float,
-    use_std_normalization: bool,
+    tokenizer: PreTrainedTokenizerBase, drawn: DrawnRollouts, group_size: int, loss: GRPOLoss, sampling: GRPOSampling
 ) -> RolloutBatch:
-    """The group-normalised advantages of the samples' grades (given as they were drawn:
-    :func:`reasonrl.losses.group_normalized_advantages`); training tensors from the exact sampled token ids, with the
-    engine's log-probs of them when it returned them."""
+    """The advantages (:func:`group_advantages`) of the samples' grades (given as they were drawn), with
+    ``grpo.overlong_penalty`` added when set (the advantages and ``raw_rewards`` see it; the grades, which the rollout
+    metrics and dynamic sampling read, do not); training tensors from the exact sampled token ids, with the engine's
+    log-probs of them when it returned them."""
     samples = drawn.samples
-    advantages, raw_rewards = group_normalized_advantages(
-        [score["reward"] for score in drawn.scores], group_size, advantage_eps, use_std_normalization
-    )
+    rewards = [score["reward"] for score in drawn.scores]
+    if sampling.overlong_penalty is not None:
+        penalties = sample_overlong_penalties(samples, sampling)
+        rewards = [reward + penalty for reward, penalty in zip(rewards, penalties, strict=True)]
+    advantages, raw_rewards = group_advantages(rewards, group_size, loss)
     # The ids the engine conditioned on, not a re-tokenization (which could drop or add a BOS token).
     prompt_ids = [sample.prompt_token_ids for sample in samples]
     tensors = batch_from_token_ids(prompt_ids, [sample.token_ids for sample in samples], tokenizer.pad_token_id)
@@ -168,12 +186,16 @@ def score_rollouts(
 
 
 def summarize_rollouts(
-    step_rollouts: StepRollouts, group_size: int, dynamic_sampling: bool, ranks: Ranks = SINGLE
+    step_rollouts: StepRollouts, group_size: int, sampling: GRPOSampling, ranks: Ranks = SINGLE
 ) -> dict[str, float]:
     """What a step logs of its rollouts with each of its optimizer steps: :func:`rollout_metrics` over every rank's
-    samples, this rank's sampling rounds (and dropped groups, with dynamic sampling) and the policy lag."""
-    drawn = step_rollouts.drawn
-    summary = ranks.mean_metrics(rollout_metrics(drawn, group_size, dynamic_sampling))
+    samples (with ``grpo.overlong_penalty`` the mean penalty of the same samples, ``rollout/overlong_penalty``), this
+    rank's sampling rounds (and dropped groups, with dynamic sampling) and the policy lag."""
+    drawn, dynamic_sampling = step_rollouts.drawn, sampling.dynamic_sampling
+    metrics = rollout_metrics(drawn, group_size, dynamic_sampling)
+    if sampling.overlong_penalty is not None:
+        metrics["rollout/overlong_penalty"] = Mean.of(sample_overlong_penalties(drawn.sampled_samples, sampling))
+    summary = ranks.mean_metrics(metrics)
     summary["rollout/sampling_rounds"] = drawn.sampling_rounds
     summary["rollout/policy_lag"] = step_rollouts.policy_lag
     if dynamic_sampling:
@@ -287,9 +309,11 @@ def policy_log_probs(
     precision: Precision,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probs of the sampled responses of ``rows``, computed on the rows' longest sequence, returned ``[b, L]``,
-    under ``softmax(logits / temperature)``: pass the temperature the responses were sampled at.
+    under ``softmax(logits / temperature)``: pass the temperature the responses were sampled at. ``entropy_grad``:
+    the entropy is differentiable (an entropy bonus).
     ``policy``: the HF model, or the scorer the loop trains through (``reasonrl.distributed.wrap_for_training``)."""
     device = next(policy.parameters()).device
     tensors = {"input_ids": batch.input_ids, "labels": batch.labels, "response_mask": batch.response_mask}
@@ -300,6 +324,7 @@ def policy_log_probs(
             trimmed["labels"].to(device),
             return_token_entropy=with_entropy,
             temperature=temperature,
+            entropy_grad=entropy_grad,
         )
     width = trimmed["labels"].shape[1]
     return {name: torch.nn.functional.pad(t, (0, batch.labels.shape[1] - width)) for name, t in result.items()}
@@ -327,18 +352,44 @@ class KLReference:
     """π_ref, the reference of the KL penalty: the init model, frozen. Without LoRA a copy of the policy as loaded, in
     the same dtype and computed in the same precision, so the penalty is exactly 0 before the first update (a bf16
     reference beside an fp32 ``mixed`` policy differs by up to 0.28 nat per token at step 0); with LoRA the policy
-    itself, its adapters off, at no extra memory."""
+    itself, its adapters off, at no extra memory. With ``grpo.ref_update_every`` N > 0 the copy takes the policy's
+    weights after every N-th GRPO step (:meth:`refresh`)."""
 
     frozen: PreTrainedModel | None
     """The frozen copy; None with LoRA."""
+    update_every: int = 0
+    """``grpo.ref_update_every``: GRPO steps between refreshes; 0 = never (the init model throughout)."""
 
     @classmethod
-    def of(cls, policy: PreTrainedModel, kl_coef: float, lora_rank: int) -> KLReference | None:
-        """``policy``'s reference, taken as it is loaded (before it is wrapped for training or resumed); None when
-        ``kl_coef`` is 0 (no penalty)."""
-        if kl_coef == 0:
+    def of(cls, policy: PreTrainedModel, loss: GRPOLoss, lora_rank: int) -> KLReference | None:
+        """``policy``'s reference, taken as it is loaded (before it is wrapped for training or resumed), refreshed
+        every ``loss.ref_update_every`` steps; None when ``loss.kl_coef`` is 0 (no penalty)."""
+        if loss.kl_coef == 0:
             return None
-        return cls(None if lora_rank > 0 else copy.deepcopy(policy).eval().requires_grad_(False))
+        frozen = None if lora_rank > 0 else copy.deepcopy(policy).eval().requires_grad_(False)
+        return cls(frozen, loss.ref_update_every)
+
+    def refresh(self, policy: PreTrainedModel, steps_done: int) -> None:
+        """After ``steps_done`` GRPO steps, when they are a multiple of ``update_every``: the frozen copy takes
+        ``policy``'s current weights, tensor by tensor in place (no second copy of the model in memory). Under
+        FSDP2 each is gathered whole, a collective every rank joins, so every rank's copy is the whole policy."""
+        if not self.update_every or steps_done % self.update_every:
+            return
+        copies = self.frozen.state_dict()  # shares storage with the frozen copy's weights
+        with torch.no_grad():
+            for name, tensor in policy.state_dict().items():
+                copies[name].copy_(full_tensor(tensor))
+
+    def load_weights(self, path: Path, saved: dict[str, torch.Tensor]) -> None:
+        """The frozen copy's weights as checkpoint ``path`` saved them (``saved``), once checked to be its own (every
+        name, every shape): otherwise :class:`CheckpointError`, and the copy is left as it was."""
+        own = self.frozen.state_dict()
+        shapes = {name: tuple(tensor.shape) for name, tensor in own.items()}
+        if {name: tuple(tensor.shape) for name, tensor in saved.items()} != shapes:
+            raise CheckpointError(f"{path / TENSORS_FILE}: its KL reference is not of this policy's names and shapes")
+        with torch.no_grad():
+            for name, tensor in saved.items():
+                own[name].copy_(tensor)
 
     def log_probs(
         self, trainer: torch.nn.Module, batch: RolloutBatch, forwards: Forwards, ranks: Ranks = SINGLE
@@ -379,10 +430,11 @@ def fixed_log_probs(
     if reference is not None:
         reference_log_probs = reference.log_probs(trainer, batch, forwards, ranks)
     figures = {}
-    if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap)
+    if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap), or its kin
         importance_weights, corrections = rollout_importance_weights(
-            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap
-        )
+            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap,
+            asynchrony.rollout_is_level, asynchrony.rollout_is_mode, asynchrony.rollout_is_lower,
+        )  # fmt: skip
         figures = {f"train/{name}": value.item() for name, value in corrections.items()}
     return FixedLogProbs(old, reference_log_probs, importance_weights), figures
 
@@ -402,10 +454,13 @@ def accumulate_gradients(
 
     A microbatch of ``b`` of the step's ``n`` sequences passes ``gradient_accumulation_steps = n / b``: its mean
     per-sequence loss then counts with its share of the step's sequences, and the gradient is the handout's mean over
-    the step's sequences whatever the split. With ``mask_truncated`` the truncated responses are left out of the step:
-    under ``masked_mean`` its mean runs over the others; under ``masked_normalize`` they count with zero loss, so the
-    normaliser stays all rows × ``max_tokens``. Entropy, clip fractions and KL are means over the trained response
-    tokens. Log-probs and entropy are those of the distribution the responses were sampled from (``forwards``).
+    the step's sequences whatever the split. Under ``token_mean`` each microbatch's summed loss is divided by the
+    step's response tokens, counted over every microbatch and rank before the first backward: the gradient is the
+    mean over the step's tokens whatever the split. With ``mask_truncated`` the truncated responses are left out of
+    the step: under ``sequence_mean`` (``token_mean``) its mean runs over the others (their tokens); under
+    ``constant_normalizer`` they count with zero loss, so the normaliser stays all rows × ``max_tokens``. Entropy,
+    clip fractions and KL are means over the trained response tokens. Log-probs and entropy are those of the
+    distribution the responses were sampled from (``forwards``).
 
     ``fixed.importance_weights`` (``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
 
@@ -426,8 +481,10 @@ def accumulate_gradients(
         return {"train/loss": 0.0} | token_means
     # Dr. GRPO's per-sequence constant (max_tokens) is only constant if the step's sequences all count, truncated ones
     # with zero loss: dividing by the kept rows would scale the step up with the truncation rate.
-    weighted_rows = all_rows if loss.length_normalization == "masked_normalize" else step_rows
+    weighted_rows = all_rows if loss.loss_aggregation == "constant_normalizer" else step_rows
     step_tokens = ranks.sum(batch.response_mask[rows].sum().item())
+    token_mean = loss.loss_aggregation == "token_mean"
+    normalize_constant = step_tokens if token_mean else max_tokens
     total_loss = 0.0
     parts = forwards.microbatches(rows, batch.sequence_lengths, ranks)
     for index, part in enumerate(parts):
@@ -436,9 +493,10 @@ def accumulate_gradients(
                 scored = policy_log_probs(policy, batch, [0], forwards.precision, temperature=forwards.temperature)
                 (scored["log_probs"].sum() * 0.0).backward()  # joins the ranks' collectives, adds nothing
                 continue
-            accumulation = weighted_rows / (ranks.world_size * len(part))
+            # DDP averages the ranks' gradients: token_mean's normaliser is already the whole step's, so undo it.
+            accumulation = 1 / ranks.world_size if token_mean else weighted_rows / (ranks.world_size * len(part))
             step_loss, metadata, scored, mask = _microbatch_step(
-                policy, batch, part, fixed, loss, forwards, accumulation, max_tokens
+                policy, batch, part, fixed, loss, forwards, accumulation, normalize_constant
             )
         share = mask.sum().item() / step_tokens  # of the step's trained response tokens
         total_loss += step_loss.item()
@@ -458,13 +516,15 @@ def _microbatch_step(
     loss: GRPOLoss,
     forwards: Forwards,
     gradient_accumulation_steps: float,
-    max_tokens: int,
+    normalize_constant: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-    """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask."""
+    """Forward and backward of one microbatch (``grpo_microbatch_train_step``): loss, metadata, scores and mask. The
+    entropy comes from the same forward, differentiable with an entropy bonus."""
     device = next(policy.parameters()).device
     scored = policy_log_probs(
-        policy, batch, part, forwards.precision, with_entropy=True, temperature=forwards.temperature
-    )
+        policy, batch, part, forwards.precision, with_entropy=True, temperature=forwards.temperature,
+        entropy_grad=loss.entropy_coef > 0,
+    )  # fmt: skip
     mask = batch.response_mask[part].to(device)  # [b, L]
     step_loss, metadata = grpo_microbatch_train_step(
         scored["log_probs"],
@@ -475,13 +535,16 @@ def _microbatch_step(
         advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
         old_log_probs=None if fixed.old is None else fixed.old[part].to(device),
         cliprange=loss.cliprange,
-        length_normalization=loss.length_normalization,
-        normalize_constant=max_tokens,
+        loss_aggregation=loss.loss_aggregation,
+        normalize_constant=normalize_constant,
         cliprange_high=loss.cliprange_high,
         ref_log_probs=None if fixed.reference is None else fixed.reference[part].to(device),
         kl_coef=loss.kl_coef,
         kl_estimator=loss.kl_estimator,
         importance_weights=None if fixed.importance_weights is None else fixed.importance_weights[part].to(device),
+        dual_clip=loss.dual_clip,
+        entropy_coef=loss.entropy_coef,
+        token_entropy=scored["token_entropy"],
     )
     return step_loss, metadata, scored, mask
 
@@ -536,9 +599,9 @@ def scheduled_learning_rate(config: GRPOConfig, step: int, epoch: int, train_bat
 
 def has_learning_signal(batch: RolloutBatch, rows: list[int], loss: GRPOLoss, ranks: Ranks = SINGLE) -> bool:
     """Whether an optimizer step on ``rows`` (on any rank) can have a gradient: a trained row with a non-zero loss
-    weight (its advantage; its raw reward for ``no_baseline``), or a KL penalty. A step without one is skipped:
-    its gradient is zero, but AdamW's momentum would still move the weights."""
-    if loss.kl_coef > 0:
+    weight (its advantage; its raw reward for ``no_baseline``), a KL penalty or an entropy bonus. A step without one
+    is skipped: its gradient is zero, but AdamW's momentum would still move the weights."""
+    if loss.kl_coef > 0 or loss.entropy_coef > 0:
         return True
     if loss.mask_truncated:
         rows = [row for row in rows if not batch.truncated[row]]
@@ -655,6 +718,21 @@ class InFlightRollouts:
         state.in_flight = parse_in_flight(path, state, saved["in_flight_digest"], self.config)
 
 
+@dataclass(frozen=True)
+class RefreshedReference:
+    """GRPO's KL reference in its checkpoints when it is refreshed (``grpo.ref_update_every``): then it is the policy
+    of the last refresh, which neither the init model nor the checkpoint's policy is."""
+
+    reference: KLReference
+    names: ClassVar[tuple[str, ...]] = ("reference",)
+
+    def tensors(self, state: TrainingState) -> dict[str, Any]:
+        return {"reference": self.reference.frozen.state_dict()}
+
+    def restore(self, path: Path, state: TrainingState, saved: dict[str, Any]) -> None:
+        self.reference.load_weights(path, saved["reference"])
+
+
 def grpo_checkpoints(
     directory: Path,
     run_fingerprint: str,
@@ -664,11 +742,14 @@ def grpo_checkpoints(
     live_dir: Path,
     ranks: Ranks = SINGLE,
     config: GRPOConfig | None = None,
+    reference: KLReference | None = None,
 ) -> RunCheckpoints[TrainingState]:
     """A GRPO run's checkpoints in ``directory`` (:class:`reasonrl.training.checkpoints.RunCheckpoints`), with its
-    rollouts in flight: resumed only by a run of ``config`` that holds those (None: nothing in flight)."""
+    rollouts in flight: resumed only by a run of ``config`` that holds those (None: nothing in flight); and with
+    ``reference``'s weights when it is refreshed (``update_every`` > 0), restored after the rollouts are checked."""
     parts = directory, run_fingerprint, "GRPO", TrainingState, policy, optimizer, best, live_dir, ranks
-    return RunCheckpoints(*parts, part=InFlightRollouts(config))
+    refreshed = (RefreshedReference(reference),) if reference is not None and reference.update_every else ()
+    return RunCheckpoints(*parts, parts=(InFlightRollouts(config), *refreshed))
 
 
 # ---------------------------------------------------------------------------------------------------------- the loop
@@ -710,11 +791,10 @@ def evaluate_and_log(
 
 
 def write_examples(live_dir: Path, step: int, records: list[dict[str, Any]]) -> None:
-    """The first ``EXAMPLES_PER_EVAL`` validation records after ``step`` steps, in ``live_dir/examples``."""
-    examples = [
-        {"step": step, "prompt": r["prompt"], "response": r["response"], "reward": r["reward"]}
-        for r in records[:EXAMPLES_PER_EVAL]
-    ]
+    """The first ``EXAMPLES_PER_EVAL`` validation records after ``step`` steps, in ``live_dir/examples``, each with
+    its question and gold answer (the report shows them beside the response)."""
+    keys = ("prompt", "question", "ground_truth", "response", "reward")
+    examples = [{"step": step} | {key: r[key] for key in keys} for r in records[:EXAMPLES_PER_EVAL]]
     examples_file = live_dir / "examples" / f"step_{step:06d}.json"
     examples_file.parent.mkdir(parents=True, exist_ok=True)
     examples_file.write_text(json.dumps(examples, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -760,7 +840,7 @@ def run_grpo(
     the loop's source stops when the loop ends. Over several ``ranks`` (launched with ``distributed``) each rank trains
     on its share of each step's questions under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the best.
     ``keep(step, best)``: called on every rank every ``grpo.keep_every`` steps, to save the policy."""
-    reference = KLReference.of(policy, config.loss.kl_coef, config.lora.lora_rank)  # the init model, as loaded
+    reference = KLReference.of(policy, config.loss, config.lora.lora_rank)  # the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config.optimizer)  # after wrapping: FSDP2 shards the parameters
     best, device = BestCheckpoint(), next(policy.parameters()).device.type
@@ -768,7 +848,7 @@ def run_grpo(
     inputs = fingerprint(
         "grpo", config, eval_config, engine.config, init_model_dir, data, GRPO_STAGE, device, rewards, distributed
     )
-    checkpoints = grpo_checkpoints(checkpoint_dir, inputs, policy, optimizer, best, live_dir, ranks, config)
+    checkpoints = grpo_checkpoints(checkpoint_dir, inputs, policy, optimizer, best, live_dir, ranks, config, reference)
     state = checkpoints.resume()
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     source = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
@@ -784,8 +864,8 @@ def run_grpo(
             timer.lap("rollout")
             # 2. Scores: advantages, training tensors; the rollouts' summary over every rank's, logged with each update.
             drawn, loss, group_size = step_rollouts.drawn, config.loss, config.batching.group_size
-            batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
-            rollout_summary = summarize_rollouts(step_rollouts, group_size, config.sampling.dynamic_sampling, ranks)
+            batch = score_rollouts(tokenizer, drawn, group_size, loss, config.sampling)
+            rollout_summary = summarize_rollouts(step_rollouts, group_size, config.sampling, ranks)
             timer.lap("scoring")
             # 3. Fixed log-probs: π_old, π_ref and the importance weights, once per rollout batch, never differentiated.
             fixed, corrections = fixed_log_probs(trainer, batch, reference, config, ranks)
@@ -802,6 +882,8 @@ def run_grpo(
             timer.lap("train")
             # 5. Weights to the engine (lag 0: the next draw loads them; lag ≥ 1: to its process, the next draw asked).
             state.step, state.skipped_steps, state.consecutive_nonfinite = step + 1, guard.skipped, guard.consecutive
+            if reference is not None:  # every grpo.ref_update_every steps: the KL reference becomes the policy
+                reference.refresh(policy, state.step)
             source.advance(state.step)
             state.elapsed_seconds += timer.total("step")
             log_step(live, timer, source.sync_seconds, step_rollouts.engine_seconds, state.step)

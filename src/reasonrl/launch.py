@@ -92,7 +92,8 @@ def die_with_parent(parent: int, child: str) -> None:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m reasonrl.launch", description=__doc__.splitlines()[0])
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog="python -m reasonrl.launch", description=first_paragraph)
     parser.add_argument("--params", help="read the counts from this params file's distributed section")
     parser.add_argument("--nproc-per-node", type=int, help="processes (GPUs) per node (default 1)")
     parser.add_argument("--nnodes", type=int, help="nodes (default 1)")

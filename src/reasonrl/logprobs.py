@@ -47,6 +47,7 @@ def get_response_log_probs(
     *,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-probabilities ``log p(labels[t] | input_ids[:t+1])`` under ``model``, ``[B, T]``, float32.
 
@@ -54,7 +55,9 @@ def get_response_log_probs(
     draws from (log-probs, entropy and gradient alike); at 1.0 the logits are not divided at all.
 
     ``token_entropy`` (``[B, T]``, when asked) is a diagnostic: ``compute_entropy`` of each position's logits,
-    computed without gradient, so it costs no activation memory in the backward pass.
+    computed without gradient, so it costs no activation memory in the backward pass. With ``entropy_grad`` it is
+    differentiable (an entropy bonus in the loss, ``grpo.entropy_coef``), from the same forward: the chunked path's
+    backward adds ``dH/dz = -p (log p + H)`` to each recomputed chunk's gradient.
 
     For Qwen2/Qwen3/Llama/Mistral causal LMs the full ``[B, T, V]`` logits never exist: the output layer runs over
     ``chunk_size`` positions (of the flattened ``B * T``) at a time and is recomputed in backward. The default
@@ -70,7 +73,7 @@ def get_response_log_probs(
     head = model.get_output_embeddings()
     plain_head = f"{type(model).forward.__module__}.{type(model).forward.__qualname__}" in _PLAIN_HEAD_FORWARDS
     if not (plain_head and isinstance(head, nn.Linear)):
-        return _full_logits_log_probs(model, input_ids, labels, return_token_entropy, temperature)
+        return _full_logits_log_probs(model, input_ids, labels, return_token_entropy, temperature, entropy_grad)
 
     hidden = model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state  # [B, T, H]
     if chunk_size is None:
@@ -83,6 +86,7 @@ def get_response_log_probs(
         chunk_size,
         return_token_entropy,
         temperature,
+        return_token_entropy and entropy_grad,
     )
     result = {"log_probs": log_probs.view(labels.shape)}  # [B, T]
     if return_token_entropy:
@@ -96,6 +100,7 @@ def _full_logits_log_probs(
     labels: torch.Tensor,
     return_token_entropy: bool,
     temperature: float,
+    entropy_grad: bool,
 ) -> dict[str, torch.Tensor]:
     """The fallback for heads the chunked path cannot reproduce: full logits, but still no full ``log_softmax``."""
     logits = model(input_ids).logits.float()  # [B, T, V]
@@ -104,7 +109,7 @@ def _full_logits_log_probs(
     label_logits = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [B, T]
     result = {"log_probs": label_logits - torch.logsumexp(logits, dim=-1)}  # [B, T]
     if return_token_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             result["token_entropy"] = compute_entropy(logits)  # [B, T]
     return result
 
@@ -116,10 +121,13 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
     One Function over all chunks (rather than a checkpoint per chunk) lets backward accumulate the ``[V, H]`` weight
     gradient into a single buffer, and it needs only one ``[C, V]`` buffer per chunk: the recomputed logits are turned
     into their own gradient in place (``d log p(y) / d z = onehot(y) - softmax(z)``).
+
+    ``entropy_grad``: the entropy is differentiable too (``d H / d z = -p (log p + H)``, one more ``[C, V]`` buffer in
+    backward); otherwise it is marked non-differentiable and backward is the log-probs' alone.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy, temperature):
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, with_entropy, temperature, entropy_grad):
         rows = hidden.shape[0]
         log_probs = hidden.new_empty(rows, dtype=torch.float32)  # [N]
         log_normalizer = hidden.new_empty(rows, dtype=torch.float32)  # [N]
@@ -136,15 +144,16 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
             if with_entropy:  # compute_entropy's formula, with one [C, V] buffer instead of two
                 probs = (logits - log_normalizer[rows_slice].unsqueeze(-1)).exp_()  # [C, V]
                 entropy[rows_slice] = log_normalizer[rows_slice] - probs.mul_(logits).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer)
-        ctx.chunk_size, ctx.temperature = chunk_size, temperature
-        ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, bias, labels, log_normalizer, entropy)
+        ctx.chunk_size, ctx.temperature, ctx.entropy_grad = chunk_size, temperature, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return log_probs, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_log_probs, _grad_entropy):
-        hidden, weight, bias, labels, log_normalizer = ctx.saved_tensors
+    def backward(ctx, grad_log_probs, grad_entropy):
+        hidden, weight, bias, labels, log_normalizer, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None  # [N, H]
         # Summed over chunks in float32 even for a 16-bit model: one rounding at the end, not one per chunk.
@@ -152,13 +161,22 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None  # [V]
         # d/dz of log_softmax(z / T) is (onehot - softmax(z / T)) / T: the 1/T rides on the incoming gradient.
         grad_log_probs = grad_log_probs.float() / ctx.temperature  # [N], exact at 1.0
+        if ctx.entropy_grad:
+            grad_entropy = grad_entropy.float() / ctx.temperature  # [N]
         compute_dtype = ctx.compute_dtype
         weight_c, bias_c = _cast(weight, compute_dtype), _cast(bias, compute_dtype)
         for rows_slice in _chunks(hidden.shape[0], ctx.chunk_size):
             chunk_hidden = hidden[rows_slice].to(compute_dtype)  # [C, H]
             chunk_grad = grad_log_probs[rows_slice].unsqueeze(-1)  # [C, 1]
             grad_logits = _tempered(_logits(chunk_hidden, weight_c, bias_c), ctx.temperature)  # [C, V], recomputed
-            grad_logits.sub_(log_normalizer[rows_slice].unsqueeze(-1)).exp_().mul_(-chunk_grad)  # -g * softmax
+            if ctx.entropy_grad:  # -g·p - g_H·p·(log p + H) = -p·(g + g_H·(log p + H))
+                log_p = grad_logits.sub_(log_normalizer[rows_slice].unsqueeze(-1))  # [C, V], in place
+                probs = log_p.exp()  # [C, V]
+                chunk_grad_entropy = grad_entropy[rows_slice].unsqueeze(-1)  # [C, 1]
+                log_p.add_(entropy[rows_slice].unsqueeze(-1)).mul_(chunk_grad_entropy).add_(chunk_grad)
+                grad_logits = log_p.mul_(probs).neg_()
+            else:
+                grad_logits.sub_(log_normalizer[rows_slice].unsqueeze(-1)).exp_().mul_(-chunk_grad)  # -g * softmax
             grad_logits.scatter_add_(-1, labels[rows_slice].unsqueeze(-1), chunk_grad)  # + g * onehot(label)
             if need_bias:
                 grad_bias += grad_logits.sum(dim=0)
@@ -173,7 +191,7 @@ class _ChunkedLinearLogProbs(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if need_bias:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:

@@ -9,6 +9,11 @@ means right (accuracy, the SFT filter and expert iteration count those) and ``fo
 format rate). Majority votes keep reading the prompt's built-in answer function (:data:`reasonrl.prompts.ANSWER_FNS`):
 it says which number a response states, the reward says whether that is right.
 
+A function with a parameter named ``info`` (or ``**kwargs``) is always called with it: a :class:`ResponseInfo` (the
+response's token count, whether it was cut at the budget, the budget) where GRPO grades the rollouts it trains on,
+None where a stage measures (evaluation, the SFT filter, expert iteration), so a length-shaped reward never counts
+a right answer wrong. A function without it is called as before.
+
 The package is loaded from this tree's ``rewards/`` by file location, never found on ``sys.path``: a queued DVC
 experiment runs in a copy of the repository, and its reward must be the copy's (the one its dvc.yaml deps hash),
 not one installed or in the checkout a process happened to start from. The tree is the one ``reasonrl`` itself was
@@ -21,9 +26,11 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from reasonrl.data import LATEX
@@ -31,9 +38,27 @@ from reasonrl.errors import UserError
 from reasonrl.prompts import ANSWER_TEXT_FNS, REWARD_FNS
 from reasonrl.symbolic import verdict
 
-RewardFn = Callable[[str, str], dict[str, float]]
+RewardFn = Callable[..., dict[str, float]]
+"""``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, optionally with an ``info``
+keyword (:class:`ResponseInfo` or None)."""
+INFO_KEYWORD = "info"
 MATH_VERIFY = "math_verify"
 """The built-in reward that grades answers with math-verify (:func:`math_verify_reward`): LaTeX answers."""
+
+
+@dataclass(frozen=True)
+class ResponseInfo:
+    """What a reward function that takes ``info`` learns of a GRPO rollout besides its text: enough to write DAPO's
+    soft overlong punishment (``grpo.overlong_penalty`` is the built-in one)."""
+
+    tokens: int
+    """Generated tokens, a final EOS included: what ``max_tokens`` bounds."""
+    truncated: bool
+    """Cut at ``max_tokens``: neither EOS nor a stop string ended it."""
+    max_tokens: int
+    """The token budget it was sampled with (``grpo.max_tokens``)."""
+
+
 PACKAGE = "rewards"
 """The package of users' reward modules, at the repository root: dvc.yaml's grading stages depend on it whole."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +71,9 @@ PROBES = (
 )
 """(response, ground truth) pairs a user's function must grade without raising before any model loads: right and
 well-formed, wrong with a whole GSM8K answer field as the truth, and empty."""
+PROBE_INFOS = (None, ResponseInfo(tokens=8, truncated=True, max_tokens=8))
+"""What a function that takes ``info`` is probed with on each probe: a measuring stage's None, and a response cut
+at its budget."""
 
 
 class RewardSpecError(ValueError):
@@ -160,23 +188,44 @@ def contract_breach(result: object) -> str | None:
     return None
 
 
+def takes_info(function: RewardFn) -> bool:
+    """Whether ``function`` accepts the ``info`` keyword: a parameter of that name, or ``**kwargs``."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: called as before
+        return False
+    named = parameters.get(INFO_KEYWORD)
+    if named is not None:
+        return named.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+
+
 def check_reward(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
-    """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`)."""
+    """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`), each with every one of
+    :data:`PROBE_INFOS` when it takes ``info``."""
     function = reward_fn(spec, root, prompt)
+    calls = [{INFO_KEYWORD: info} for info in PROBE_INFOS] if takes_info(function) else [{}]
     for response, ground_truth in PROBES:
-        graded(
-            function, response, ground_truth, spec, f"on the probe ({response!r}, {ground_truth!r})", RewardSpecError
-        )
+        for keywords in calls:
+            shown = "".join(f", {INFO_KEYWORD}={info!r}" for info in keywords.values())
+            on = f"on the probe ({response!r}, {ground_truth!r}{shown})"
+            graded(function, response, ground_truth, spec, on, RewardSpecError, **keywords)
     return function
 
 
 def graded(
-    function: RewardFn, response: str, ground_truth: str, where: str, on: str, error: type[ValueError]
+    function: RewardFn,
+    response: str,
+    ground_truth: str,
+    where: str,
+    on: str,
+    error: type[ValueError],
+    **keywords: ResponseInfo | None,
 ) -> dict[str, float]:
-    """``function(response, ground_truth)``, or ``error`` naming ``where`` and ``on`` (which call) when it raises or
-    breaks its contract (:func:`contract_breach`)."""
+    """``function(response, ground_truth, **keywords)``, or ``error`` naming ``where`` and ``on`` (which call) when it
+    raises or breaks its contract (:func:`contract_breach`)."""
     try:
-        result = function(response, ground_truth)
+        result = function(response, ground_truth, **keywords)
     except Exception as exception:
         raise error(f"{where} raised {type(exception).__name__}: {exception} {on}") from exception
     breach = contract_breach(result)
@@ -195,12 +244,16 @@ def shorten(text: str, head: int = 120, tail: int = 60) -> str:
 def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
     """``function`` with every result checked as it is computed: the probes of :func:`check_reward` cannot find a
     NaN that only long responses get, and one reaching GRPO's advantages would be blamed on the learning rate. A
-    breach or an exception raises :class:`RewardError` naming ``param`` and the response."""
+    breach or an exception raises :class:`RewardError` naming ``param`` and the response. The wrapper takes an
+    ``info`` keyword (default None), which it passes on only to a function that takes it (:func:`takes_info`)."""
+
+    with_info = takes_info(function)
 
     @functools.wraps(function)
-    def checked_reward(response: str, ground_truth: str) -> dict[str, float]:
+    def checked_reward(response: str, ground_truth: str, info: ResponseInfo | None = None) -> dict[str, float]:
         on = f"on the response {shorten(response)} with ground truth {shorten(ground_truth)}"
-        return graded(function, response, ground_truth, f"{param} ({spec})", on, RewardError)
+        keywords = {INFO_KEYWORD: info} if with_info else {}  # a function without the keyword is called as before
+        return graded(function, response, ground_truth, f"{param} ({spec})", on, RewardError, **keywords)
 
     return checked_reward
 

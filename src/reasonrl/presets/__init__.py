@@ -4,6 +4,10 @@ A preset becomes DVC ``-S`` overrides, printed as words a shell's ``$(…)`` pas
 (``dvc exp run $(python -m reasonrl.presets cpu)``), or is written into ``params.yaml`` in place
 (``python -m reasonrl.presets cpu --apply``) for a plain ``dvc repro``, changing only the preset's values.
 Both are checked against ``params.yaml`` first, so a preset cannot name a parameter that does not exist.
+
+``cpu`` sets a scale (the demo's model, data and budgets). The recipes ``dapo``, ``dr_grpo`` and ``gspo`` set the
+``grpo`` section's loss and reward settings of a paper's algorithm, each the same keys and no budget, so that one
+applies over a scale preset (``cpu --apply``, then ``dapo --apply``) and replaces another recipe whole.
 """
 
 from __future__ import annotations
@@ -57,14 +61,26 @@ def checked_overrides(name: str, params_path: str | Path) -> dict[str, Any]:
     return overrides
 
 
+def override_value(value: Any) -> str:
+    """``value`` in DVC's override grammar (Hydra's): JSON, which it reads back with its types (strings
+    double-quoted, so ``cuda:1`` or ``1.0`` stay strings), but a mapping as ``{key:value,...}`` with bare keys,
+    since the grammar refuses JSON's quoted ones (``grpo.overlong_penalty``)."""
+    if not isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for key in value:
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise ConfigError(f"a mapping's key {key!r} is not a bare word DVC's override grammar reads")
+    return "{" + ",".join(f"{key}:{override_value(item)}" for key, item in value.items()) + "}"
+
+
 def set_params_words(overrides: dict[str, Any]) -> list[str]:
     """``-Skey=value`` arguments for ``dvc exp run``, as words that need no quoting: an unquoted ``$(…)`` splits
-    them at whitespace and removes no quotes, so quoting them would hand DVC the quotes. Values are JSON, which
-    DVC's override grammar reads back with their types (strings double-quoted, so ``cuda:1`` or ``1.0`` stay
-    strings). A value the shell would split or glob is refused: ``--apply`` writes any value."""
+    them at whitespace and removes no quotes, so quoting them would hand DVC the quotes. Values as
+    :func:`override_value` writes them. A value the shell would split or glob is refused: ``--apply`` writes any
+    value."""
     words = []
     for key, value in overrides.items():
-        assignment = f"{key}={json.dumps(value, separators=(',', ':'), ensure_ascii=False)}"
+        assignment = f"{key}={override_value(value)}"
         unsafe = sorted({c for c in assignment if c.isspace() or c in _GLOB_CHARACTERS})
         if unsafe:
             raise ConfigError(

@@ -25,7 +25,7 @@ def headline_metrics(reports_dir: Path) -> dict[str, Any]:
     reports = Path(reports_dir)
     final_path = reports / "final" / "metrics.json"
     final = load_summaries(final_path, required=ROUTES)
-    trained = {route: _stage_metrics(reports / ROUTE[route].reports_dir / "metrics.json") for route in TRAINED_ROUTES}
+    trained = {route: stage_metrics(reports / ROUTE[route].reports_dir / "metrics.json") for route in TRAINED_ROUTES}
     sets = test_set_summaries({route: final[route] for route in ROUTES}, final_path)
     headline: dict[str, Any] = {"test_accuracy": {route: final[route]["accuracy"] for route in ROUTES}}
     if sets:
@@ -37,7 +37,8 @@ def headline_metrics(reports_dir: Path) -> dict[str, Any]:
     return headline
 
 
-def _stage_metrics(path: Path) -> dict[str, Any]:
+def stage_metrics(path: Path) -> dict[str, Any]:
+    """A training stage's ``metrics.json`` (best validation accuracy, wall clock, …); empty when absent."""
     metrics = load_json(path) if path.is_file() else {}
     if not isinstance(metrics, dict):
         raise ReportInputError(f"{path}: expected a mapping of the stage's metrics")

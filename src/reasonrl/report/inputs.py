@@ -1,8 +1,9 @@
-"""Reading what the other stages wrote: metric summaries, DVCLive curves, example rollouts, the params file.
-A missing required input raises :class:`ReportInputError` naming the file; optional ones return None."""
+"""Reading what the other stages wrote: metric summaries, graded test answers, DVCLive curves, example rollouts, the
+params file. A missing required input raises :class:`ReportInputError` naming the file; optional ones return None."""
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import parse_yaml
-from reasonrl.data import DataFormatError
+from reasonrl.data import DataFormatError, read_jsonl
 
 EXAMPLES_PER_FILE = 2
 
@@ -144,12 +145,63 @@ def join_grpo_evaluations(
     ]
 
 
+def grpo_curve(live_dir: Path, name: str) -> list[tuple[int, float]] | None:
+    """A curve GRPO logs at every optimizer step (``train/…``, ``rollout/…``), by GRPO step as the validation curve
+    counts them (:func:`by_grpo_step`); None when it or ``grpo_step`` is absent."""
+    points, grpo_step = read_metric(live_dir, name), read_metric(live_dir, "grpo_step")
+    if points is None or grpo_step is None:
+        return None
+    return by_grpo_step(points, grpo_step)
+
+
+def by_grpo_step(points: list[tuple[int, float]], grpo_step: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``points`` logged at DVCLive steps (the optimizer steps) as ``(GRPO step, mean value)``.
+
+    ``run_grpo`` logs ``grpo_step`` (the steps done) at the end of each GRPO step, at the DVCLive step of its last
+    optimizer step; an evaluation logs it again at the same DVCLive step with the same value. A row at DVCLive step
+    ``d`` belongs to the GRPO step that ends at the first such row at ``d`` or after: the step numbered by the steps
+    done before it (that row's value − 1), as the validation after it is numbered by the steps done. The rows of an
+    unfinished step (none ends it) are left out."""
+    ends = sorted(dict(grpo_step).items())  # DVCLive step → steps done
+    end_steps = [step for step, _ in ends]
+    sums: dict[int, list[float]] = {}
+    for step, value in points:
+        at = bisect.bisect_left(end_steps, step)
+        if at < len(ends) and ends[at][1] >= 1:
+            sums.setdefault(int(ends[at][1]) - 1, []).append(value)
+    return [(grpo_index, sum(values) / len(values)) for grpo_index, values in sorted(sums.items())]
+
+
 def pick_example_files(examples_dir: Path) -> list[Path]:
     """The first, middle and last ``step_*.json`` files (fewer when there are fewer)."""
     files = sorted(Path(examples_dir).glob("step_*.json"))
     if not files:
         return []
     return [files[i] for i in sorted({0, len(files) // 2, len(files) - 1})]
+
+
+EXAMPLE_KEYS = {"question", "ground_truth", "response", "reward"}
+"""What the report shows of an answer: a GRPO example's (``reasonrl.grpo.write_examples``) or a graded test answer's."""
+GENERATION_KEYS = EXAMPLE_KEYS | {"question_index"}
+
+
+def load_examples(path: Path) -> list[dict[str, Any]]:
+    """GRPO's validation examples after one step (``step_NNNNNN.json``)."""
+    examples = load_json(path)
+    if not isinstance(examples, list) or not all(isinstance(e, dict) and EXAMPLE_KEYS <= e.keys() for e in examples):
+        raise ReportInputError(f"{path}: expected a list of examples with keys {sorted(EXAMPLE_KEYS)}")
+    return examples
+
+
+def load_generations(path: Path) -> list[dict[str, Any]] | None:
+    """A route's graded test answers (``final/generations/<route>.jsonl``, one per line); None when absent."""
+    if not Path(path).is_file():
+        return None
+    records = read_jsonl(path)
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record, dict) or not GENERATION_KEYS <= record.keys():
+            raise ReportInputError(f"{path}:{number}: expected a graded answer with keys {sorted(GENERATION_KEYS)}")
+    return records
 
 
 def read_params(path: Path) -> dict[str, Any]:

@@ -8,6 +8,7 @@ sample once (:func:`score_samples`): whatever reads a sample's reward later read
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.prompts import load_prompt
-from reasonrl.rewards import prompt_reward
+from reasonrl.rewards import ResponseInfo, prompt_reward
 from reasonrl.rollouts.types import DrawnRollouts
 
 if TYPE_CHECKING:
@@ -75,11 +76,16 @@ def sample_rollouts(
 
 
 def score_samples(
-    questions: list[GSM8KExample], samples: list[Sample], group_size: int, reward_fn: RewardFn
+    questions: list[GSM8KExample], samples: list[Sample], group_size: int, reward_fn: RewardFn, max_tokens: int
 ) -> list[Scores]:
-    """``reward_fn``'s grade of each of ``samples``, ``group_size`` answers to each of ``questions`` in turn."""
+    """``reward_fn``'s grade of each of ``samples``, ``group_size`` answers to each of ``questions`` in turn, each
+    with its :class:`reasonrl.rewards.ResponseInfo` (sampled with a budget of ``max_tokens``): ``reward_fn`` is a
+    checked reward (:func:`reasonrl.rewards.prompt_reward`), which passes it on to a function that takes it."""
     answers = [question.answer for question in questions for _ in range(group_size)]
-    return [reward_fn(sample.text, answer) for sample, answer in zip(samples, answers, strict=True)]
+    return [
+        reward_fn(sample.text, answer, info=ResponseInfo(len(sample.token_ids), sample.finish == "length", max_tokens))
+        for sample, answer in zip(samples, answers, strict=True)
+    ]
 
 
 def draw_rollouts(
@@ -109,8 +115,11 @@ def draw_rollouts(
     questions = ranks.share(random.Random(step_seed).sample(train, wanted))
     sampling_seed = step_seed * ranks.data_parallel_size + ranks.data_parallel_rank
     reward_fn, group = prompt_reward(config.prompt, rewards), config.batching.group_size
+    grade = functools.partial(
+        score_samples, group_size=group, reward_fn=reward_fn, max_tokens=config.sampling.max_tokens
+    )
     prompts, samples = sample_rollouts(engine, questions, config, stop, sampling_seed)
-    scores = score_samples(questions, samples, group, reward_fn)
+    scores = grade(questions, samples)
     drawn = DrawnRollouts(
         questions, prompts, samples, scores, sampled_questions=questions, sampled_samples=samples, sampled_scores=scores
     )
@@ -140,7 +149,7 @@ def draw_rollouts(
         round_seed = step_seed * 1000 + kept.sampling_rounds
         questions = random.Random(round_seed).sample(pool, min(wanted, len(pool)))
         prompts, samples = sample_rollouts(engine, questions, config, stop, round_seed)
-        scores = score_samples(questions, samples, group, reward_fn)
+        scores = grade(questions, samples)
     if len(kept.questions) < wanted:
         fallback = "" if kept.questions else "; none has reward variance (no update from its advantages)"
         tqdm.write(

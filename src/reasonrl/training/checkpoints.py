@@ -6,7 +6,7 @@ directory each: the run's fingerprint and its training state as JSON, its tensor
 previous one goes; a rerun continues from the newest one made from the same inputs (:func:`fingerprint`) and
 starts afresh, saying so, from any other. The stage removes them once its outputs are saved. What one holds
 (:class:`RunCheckpoints`): the route's training state, the policy, its optimizer, the best weights, torch's RNG, the
-curves, and what a route adds of its own (GRPO: its rollouts in flight).
+curves, and what a route adds of its own (GRPO: its rollouts in flight, and a KL reference it refreshes).
 
 The policies a stage keeps for later (``--kept``) live outside DVC's outputs too, in :func:`kept_directory`.
 """
@@ -221,7 +221,7 @@ def resume(
 
 
 class CheckpointPart(Protocol):
-    """What a route adds to its checkpoints of its own (GRPO: its rollouts in flight)."""
+    """What a route adds to its checkpoints of its own (GRPO: its rollouts in flight, a refreshed KL reference)."""
 
     names: ClassVar[tuple[str, ...]]
     """The tensors it adds."""
@@ -230,8 +230,9 @@ class CheckpointPart(Protocol):
         """Its tensors for a checkpoint of ``state``."""
 
     def restore(self, path: Path, state: Any, saved: dict[str, Any]) -> None:
-        """Check and parse what checkpoint ``path`` holds of it (``state`` and the tensors ``saved``) into ``state``,
-        before anything else is restored; raises :class:`CheckpointError` if it cannot."""
+        """Check and parse what checkpoint ``path`` holds of it (``state`` and the tensors ``saved``) into ``state``
+        (or into what it holds), before the policy and the optimizer are restored; raises :class:`CheckpointError`,
+        having changed nothing, if it cannot."""
 
 
 @dataclass
@@ -239,8 +240,9 @@ class RunCheckpoints(Generic[State]):
     """A run's resumable checkpoints: in ``directory``, made from the inputs ``fingerprint`` identifies (a resume
     names the run by ``label``), each holding its training state (a ``state_type``), the policy's weights, its
     ``optimizer``'s state (None: a route that makes one per round, expert iteration), the ``best`` weights, torch's
-    RNG, the curves (``live_dir``) and the route's own ``part``. Over several ranks every rank takes part in the
-    gathers and reads the checkpoint; rank 0 alone writes it, keeps the best weights and restores the curves."""
+    RNG, the curves (``live_dir``) and the route's own ``parts``, restored in their order. Over several ranks every
+    rank takes part in the gathers and reads the checkpoint; rank 0 alone writes it, keeps the best weights and
+    restores the curves."""
 
     directory: Path
     fingerprint: str
@@ -251,7 +253,7 @@ class RunCheckpoints(Generic[State]):
     best: BestCheckpoint
     live_dir: Path
     ranks: Ranks = SINGLE
-    part: CheckpointPart | None = None
+    parts: tuple[CheckpointPart, ...] = ()
 
     def save(self, state: State) -> None:
         """Write checkpoint ``state.step`` (:func:`write_checkpoint`), the best checkpoint's figures in ``state``,
@@ -265,8 +267,8 @@ class RunCheckpoints(Generic[State]):
             return
         self.best.save_to(state)
         tensors["best"] = self.best.state_dict
-        if self.part is not None:
-            tensors |= self.part.tensors(state)
+        for part in self.parts:
+            tensors |= part.tensors(state)
         write_checkpoint(self.directory, state.step, tensors, state, self.live_dir, self.fingerprint)
 
     def load(self, path: Path) -> State:
@@ -274,9 +276,9 @@ class RunCheckpoints(Generic[State]):
         :class:`CheckpointError` and leaves the policy and the optimizer as they were."""
         _, state = read_state(path, self.state_type)
         names = ("policy", *(() if self.optimizer is None else ("optimizer",)), "best")
-        saved = read_tensors(path, names + (() if self.part is None else self.part.names))
-        if self.part is not None:
-            self.part.restore(path, state, saved)
+        saved = read_tensors(path, names + tuple(name for part in self.parts for name in part.names))
+        for part in self.parts:
+            part.restore(path, state, saved)
         if self.optimizer is None:
             self.policy.load_state_dict(saved["policy"])
         else:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from reasonrl.atomic import atomic_write_json
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.lora import merged_weights, trainable_parameter_count
-from reasonrl.model_card import git_commit, render_card
+from reasonrl.model_card import DataFile, gather_provenance, render_card
 from reasonrl.training.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.training.policy import save_policy, start_training
 
@@ -45,10 +45,11 @@ def run_training_stage(
     params: Params,
     section: Route,
     model_dir: str | Path,
-    data_files: list[Path],
+    data_files: list[DataFile],
     run: Run,
     outputs: list[SavedModel],
     *,
+    params_file: str | Path,
     checkpoints: str | Path,
     metrics: str | Path,
     started: float,
@@ -61,15 +62,16 @@ def run_training_stage(
     max_staleness: int = 0,
 ) -> BestCheckpoint | None:
     """Train the ``section`` route (sft, ei, grpo: its params section, its cards' route) from ``model_dir`` with
-    ``run`` and save ``outputs``, their cards naming ``data_files``; ``unit`` names what the best checkpoint's step
-    counts (step, round). One run at a time writes the ``checkpoints``, the kept policies (in ``kept``, as
-    ``step_NNNNNN`` after each ``kept_unit``; None: the run keeps none), the curves and the outputs: rank 0 holds the
-    locks for the whole run (its ranks are one holder), and a second run stops before it reads or deletes anything.
+    ``run`` and save ``outputs``, their cards naming ``data_files`` and the params that differ from ``params_file`` as
+    committed; ``unit`` names what the best checkpoint's step counts (step, round). One run at a time writes the
+    ``checkpoints``, the kept policies (in ``kept``, as ``step_NNNNNN`` after each ``kept_unit``; None: the run keeps
+    none), the curves and the outputs: rank 0 holds the locks for the whole run (its ranks are one holder), and a
+    second run stops before it reads or deletes anything.
 
     ``metrics``: the best validation accuracy and its ``best_<unit>``, ``summary``, the trainable parameters and the
     wall clock since ``started``. ``ranks``, ``policy_shards``, ``max_staleness``: see
     :func:`reasonrl.training.policy.start_training`. Returns the best checkpoint (rank 0; None on the others)."""
-    config, commit = getattr(params, section), git_commit()
+    config, provenance = getattr(params, section), gather_provenance(params_file, model_dir, data_files)
     with checkpoint_lock(checkpoints, kept) if ranks.is_main else contextlib.nullcontext():
         engine, policy, tokenizer = start_training(
             model_dir, config, section, params.rollout, ranks, policy_shards, max_staleness
@@ -79,7 +81,7 @@ def run_training_stage(
             weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
             if ranks.is_main:
                 checkpoint = f"the policy after {kept_unit} {step}"
-                card = render_card(params, section, checkpoint, best, unit, data_files, commit)
+                card = render_card(params, section, checkpoint, best, unit, provenance)
                 save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
 
         best = run(engine, policy, tokenizer, None if kept is None else keep)
@@ -87,7 +89,7 @@ def run_training_stage(
         if not ranks.is_main:
             return None
         for output in outputs:
-            card = render_card(params, section, output.checkpoint, best, unit, data_files, commit)
+            card = render_card(params, section, output.checkpoint, best, unit, provenance)
             save_policy(policy, tokenizer, output.directory, final if output.final else best.state_dict, card)
         atomic_write_json(
             metrics,
