@@ -108,7 +108,7 @@ def test_the_printed_deps_are_dvc_yamls(stages):
     [
         (["config.py"], []),  # a module missing
         (["rewards.py"], ["rewards.py", "lora.py"]),  # one more
-        (["cli.py", "config.py"], ["config.py", "cli.py"]),  # out of order
+        (["errors.py", "evaluation.py"], ["evaluation.py", "errors.py"]),  # out of order
     ],
 )
 def test_the_check_names_a_stage_whose_code_deps_differ(stages, tmp_path, listed, edited):

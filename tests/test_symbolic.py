@@ -56,7 +56,7 @@ def test_a_pathological_answer_runs_out_of_time_is_wrong_and_counted():
     verdict("1", "1")  # math-verify imported and warmed up: the bound is the grading's alone
     before, cpu, handler = timeouts(), time.process_time(), signal.getsignal(signal.SIGPROF)
     assert verdict(PATHOLOGICAL, "3", seconds=0.5) == symbolic.Verdict(False, timed_out=True)
-    assert 0.5 <= time.process_time() - cpu < 2.0
+    assert 0.4 <= time.process_time() - cpu < 2.0  # the kernel counts CPU time in ticks
     assert timeouts() == before + 1
     assert signal.getsignal(signal.SIGPROF) is handler  # the timer's handler is gone again
     assert verdict("3", "3") == symbolic.Verdict(True) and timeouts() == before + 1  # grading goes on
