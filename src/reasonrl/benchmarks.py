@@ -97,7 +97,10 @@ def svamp_question(record: dict[str, Any]) -> str:
     return f"{body if body.endswith('.') else body + '.'} {record['Question'].strip()}"
 
 
-def _qwen(name: str, sha256: str, records: int, answer_format: str, question: Reader, gold: Reader, *fields: str):
+def _qwen(
+    name: str, sha256: str, records: int, answer_format: str, question: Reader, gold: Reader, *fields: str
+) -> Benchmark:
+    """A benchmark of the Qwen2.5-Math harness's data; a LaTeX one read at its last ``\\boxed{}``."""
     extraction = BOXED if answer_format == LATEX else ANSWER
     url = f"{QWEN_MATH_EVAL}/{name}/test.jsonl"
     return Benchmark(name, url, sha256, records, answer_format, extraction, question, gold, fields)
