@@ -286,6 +286,10 @@ class Written:
     in_train: dict[str, int] = field(default_factory=dict)
 
 
+TEST_SETS_INDEX = "index.json"
+"""Beside the test sets: each one's number of questions, by name (``{}`` without ``eval.test_sets``)."""
+
+
 def write_data(
     train: LineSource,
     test: LineSource,
@@ -296,9 +300,9 @@ def write_data(
     test_sets_dir: str | Path,
 ) -> Written:
     """Write ``train`` (less val, carved by :func:`val_indices`), val and ``test`` to ``out_dir/{train,val,test}.jsonl``
-    and each test set to ``test_sets_dir/<name>.jsonl``, streaming, all atomically: any error leaves both directories
-    as they were. ``test_sets_dir`` is apart from the splits: DVC hashes a directory output whole, so a set added to
-    ``out_dir`` would make every stage that reads the splits rerun."""
+    and each test set to ``test_sets_dir/<name>.jsonl`` (and :data:`TEST_SETS_INDEX`), streaming, all atomically: any
+    error leaves both directories as they were. ``test_sets_dir`` is apart from the splits: DVC hashes a directory
+    output whole, so a set added to ``out_dir`` would make every stage that reads the splits rerun."""
     written = Written()
     with atomic_directory(out_dir) as staging, atomic_directory(test_sets_dir) as sets_staging:
         held_out = {"test": write_lines(test(staging), staging / "test.jsonl")}
@@ -327,6 +331,10 @@ def write_data(
         written.counts = {"train": count - len(chosen), "val": len(chosen)}
         written.counts |= {name: keys.total() for name, keys in held_out.items()}
         written.in_train = {name: sum(keys[key] for key in seen[name]) for name, keys in held_out.items()}
+        # DVC warns "'data/test_sets' is empty" each time it saves or hashes an empty output directory (four times
+        # a run without eval.test_sets): the index keeps it from being empty, and says what it holds.
+        sizes = {name: written.counts[f"test set {name}"] for name in test_sets}
+        (sets_staging / TEST_SETS_INDEX).write_text(json.dumps(sizes, indent=2) + "\n", encoding="utf-8")
     return written
 
 
