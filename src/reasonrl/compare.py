@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.cli import run_stage
+from reasonrl.demo import DEMO
 from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison
 from reasonrl.markdown import code
@@ -40,8 +41,6 @@ from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
 from reasonrl.statistics import TEST_MCNEMAR, TEST_SIGN_FLIP
 
 WORKSPACE = "workspace"
-DEMO = "demo"
-"""The experiment ``make demo`` records: the baseline unless ``--against`` names another."""
 FINAL_METRICS = "reports/final/metrics.json"
 GENERATIONS = "reports/final/generations/{route}.jsonl"
 REPORTS = Path("reports")

@@ -28,7 +28,7 @@ from reasonrl.report.tables import format_accuracy, interval_name
 from reasonrl.routes import ROUTE, ROUTES
 
 DEMO = "demo"
-"""The DVC experiment ``make demo`` records."""
+"""The DVC experiment ``make demo`` records: what ``python -m reasonrl.compare EXP`` compares EXP with."""
 
 NEXT_STEPS = f"""\
 report: reports/report.html (Markdown: reports/report.md); recorded as the DVC experiment `{DEMO}`
@@ -73,12 +73,11 @@ def prepare_params(params_path: Path, preset: str | None) -> None:
     if leftovers:
         values = flatten(workspace)
         shown = ", ".join(f"{key}: {_encoded(values.get(key))}" for key in leftovers)
-        preset_named = f"the {preset} preset" if preset else "no preset"
+        demo = f"the committed params with the {preset} preset" if preset else "the committed params as they are"
         raise DemoError(
-            f"{params_path} sets {shown}, unlike the committed {params_path} and {preset_named}: the demo is the "
-            f"committed params with the preset, and an experiment run here (`dvc exp run -S`) leaves its values in "
-            f"{params_path}. `git checkout {params_path}` restores the committed params, then `make demo` again "
-            f"(`dvc exp apply {DEMO}` brings back the recorded demo instead)"
+            f"{params_path} sets {shown}, unlike {demo}, which the demo runs: an experiment run here (`dvc exp run "
+            f"-S`) leaves its values in {params_path}. `git checkout {params_path}` restores the committed params, "
+            f"then `make demo` again (`dvc exp apply {DEMO}` brings back the recorded demo instead)"
         )
     if preset:
         apply_to_file(checked_overrides(preset, params_path), params_path)
