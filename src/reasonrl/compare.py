@@ -241,10 +241,10 @@ PAIRED_HEADERS = [
     "route",
     "experiment",
     "against",
-    "answers right only in one (experiment / against)",
-    "questions with more right answers (experiment / against)",
+    "right only in (exp / against)",
+    "questions better in (exp / against)",
     "test",
-    "p-value",
+    "p",
 ]
 
 
@@ -292,9 +292,10 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
     report.blocks.append(
         Paragraph(
             "Answer by answer over the same test questions and samples (`reports/final/generations/<route>.jsonl`): "
-            "with one sample per question McNemar's exact test, with several the exact sign-flip test over the "
-            "per-question differences in right answers (the samples of a question are not independent). A route "
-            "DVC did not rerun has the same answers in both, p = 1."
+            "the answers right in the experiment only / in the baseline only, the questions on which each had more "
+            "right answers, and the p-value: with one sample per question McNemar's exact test, with several the "
+            "exact sign-flip test over the per-question differences in right answers (the samples of a question "
+            "are not independent). A route DVC did not rerun has the same answers in both, p = 1."
         )
     )
 
@@ -309,6 +310,12 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
             )
         )
     return report
+
+
+EXAMPLES = """examples:
+  python -m reasonrl.compare no-baseline                                     # no-baseline against demo
+  python -m reasonrl.compare workspace --against no-baseline                 # the files on disk against it
+  python -m reasonrl.compare $(dvc exp list --name-only) --html compare.html # every experiment, one page"""
 
 
 def compared_names(experiments: Sequence[str], against: str) -> list[str]:
@@ -336,12 +343,11 @@ def load_baseline(name: str) -> Experiment:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m reasonrl.compare",
-        description="DVC experiments beside a baseline (by default `demo`, which `make demo` records): the params "
-        "that differ, each route's test accuracy with its 95%% interval, paired tests per route against the baseline, "
-        "and the validation curves.",
-        epilog="examples: `python -m reasonrl.compare no-baseline` (against demo); `python -m reasonrl.compare "
-        "workspace --against no-baseline`; `python -m reasonrl.compare $(dvc exp list --name-only) --html "
-        "compare.html`",
+        description="DVC experiments beside a baseline (by default `demo`, which `make demo` records): the params\n"
+        "that differ, each route's test accuracy with its 95% interval, paired tests per route against the\n"
+        "baseline, and (with --out or --html) the validation curves.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the examples' lines
     )
     parser.add_argument(
         "experiments", nargs="+", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r} (the files on "
