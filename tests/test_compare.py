@@ -213,12 +213,16 @@ def test_one_experiment_is_compared_with_the_demo(dvc_repo, capsys):
         main(["workspace"])
     exp_save("demo")
     write_run(dvc_repo, "grpo_clip", REFERENCE)  # the workspace now holds the committed run again
-    main(["workspace", "demo"])  # the baseline among the experiments is the baseline alone
+    main(["workspace"])
     printed = capsys.readouterr().out
     assert printed.startswith("# Experiments compared with `demo`: `workspace`\n")
     assert "| `grpo.loss_type` | `no_baseline` | `grpo_clip` |" in printed
     assert "| grpo | `workspace` | `demo` | 1 / 5 | 1 / 5 | McNemar exact | 0.219 |" in printed
-    with pytest.raises(CompareError, match=r"^nothing to compare: 'demo' is the baseline \(--against\)"):
+    main(["demo", "workspace"])  # of several, the first is the baseline
+    assert capsys.readouterr().out == printed
+    main(["HEAD", "workspace", "--against", "demo"])  # the baseline among them: compared once
+    assert capsys.readouterr().out.startswith("# Experiments compared with `demo`: `HEAD`, `workspace`\n")
+    with pytest.raises(CompareError, match=r"^nothing to compare: 'demo' is the baseline; name another experiment"):
         main(["demo"])
 
 

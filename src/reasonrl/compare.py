@@ -1,12 +1,13 @@
 """Experiments side by side, against a baseline:
-``python -m reasonrl.compare EXP [EXP …] [--against demo] [--out compare.md] [--html compare.html]``.
+``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``.
 
 ``python -m reasonrl.compare no-baseline`` sets the experiment ``no-baseline`` beside ``demo``, the experiment
-``make demo`` records. Outside the cached pipeline on purpose: which experiments exist, and which ones a reader sets
-side by side, change with no dependency of any stage changing, so a cached page of them would go stale (the report
-stage describes its own run only). Each experiment is named as DVC users name it: an experiment name, a git
-revision, or ``workspace`` (the files on disk); it is read as DVC stores it, with ``dvc.api`` (its params and its
-files at that revision).
+``make demo`` records; of several experiments the first is the baseline, unless ``--against`` names one.
+
+Outside the cached pipeline on purpose: which experiments exist, and which ones a reader sets side by side, change
+with no dependency of any stage changing, so a cached page of them would go stale (the report stage describes its
+own run only). Each experiment is named as DVC users name it: an experiment name, a git revision, or ``workspace``
+(the files on disk); it is read as DVC stores it, with ``dvc.api`` (its params and its files at that revision).
 
 The page leads with the params that differ, then each route's test accuracy with its 95% interval, the paired test
 of each experiment against the baseline per route (the same test questions and seed; the answers of
@@ -313,18 +314,21 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
 
 
 EXAMPLES = """examples:
-  python -m reasonrl.compare no-baseline                                     # no-baseline against demo
-  python -m reasonrl.compare workspace --against no-baseline                 # the files on disk against it
-  python -m reasonrl.compare $(dvc exp list --name-only) --html compare.html # every experiment, one page"""
+  python -m reasonrl.compare no-baseline                                    # no-baseline against demo
+  python -m reasonrl.compare reference lr-3e-6 lr-3e-5 --html compare.html  # both against reference
+  python -m reasonrl.compare workspace --against no-baseline                # the files on disk against it"""
 
 
-def compared_names(experiments: Sequence[str], against: str) -> list[str]:
-    """The baseline, then each named experiment once; the baseline among them is left out (``$(dvc exp list
-    --name-only)`` lists it too)."""
-    names = list(dict.fromkeys(name for name in experiments if name != against))
-    if not names:
-        raise CompareError(f"nothing to compare: {against!r} is the baseline (--against); name another experiment")
-    return [against, *names]
+def compared_names(experiments: Sequence[str], against: str | None) -> list[str]:
+    """The baseline, then the other experiments, each once. The baseline is ``against``; by default ``demo`` for one
+    experiment, the first for several (the page of ``compare reference lr-3e-6 lr-3e-5``)."""
+    names = list(dict.fromkeys(experiments))
+    if against is None:
+        against = DEMO if len(names) == 1 else names[0]
+    others = [name for name in names if name != against]
+    if not others:
+        raise CompareError(f"nothing to compare: {against!r} is the baseline; name another experiment")
+    return [against, *others]
 
 
 def load_baseline(name: str) -> Experiment:
@@ -343,9 +347,10 @@ def load_baseline(name: str) -> Experiment:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m reasonrl.compare",
-        description="DVC experiments beside a baseline (by default `demo`, which `make demo` records): the params\n"
-        "that differ, each route's test accuracy with its 95% interval, paired tests per route against the\n"
-        "baseline, and (with --out or --html) the validation curves.",
+        description="DVC experiments beside a baseline: the params that differ, each route's test accuracy with its\n"
+        "95% interval, paired tests per route against the baseline, and (with --out or --html) the validation\n"
+        "curves. One experiment is compared with `demo`, which `make demo` records; of several, the first is the\n"
+        "baseline; --against names another.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the examples' lines
     )
@@ -354,8 +359,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "disk)"
     )  # fmt: skip
     parser.add_argument(
-        "--against", default=DEMO, metavar="BASELINE", help=f"what the others are compared with: experiment name, git "
-        f"revision or {WORKSPACE!r} (default: {DEMO})"
+        "--against", metavar="BASELINE", help=f"what the others are compared with: experiment name, git revision or "
+        f"{WORKSPACE!r} (default: {DEMO} with one EXP, else the first EXP)"
     )  # fmt: skip
     parser.add_argument(
         "--out", type=Path, help="Markdown page to write; its figures go beside it (compare.md: compare_figures/)"
