@@ -105,15 +105,28 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
+def run_ranks(model_dir: Path, out_dir: Path, strategies: list[str], tensor_parallel_size: int) -> Path:
+    """Two ranks under torchrun, each training ``strategies`` one after the other on the same rollouts; their
+    results are in ``out_dir``."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy,
+        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), ",".join(strategies),
         str(tensor_parallel_size),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return out_dir
+
+
+def load_ranks(out_dir: Path, strategy: str) -> list[dict]:
+    return [torch.load(out_dir / f"{strategy}-rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def data_parallel_runs(tiny_model_dir, tmp_path_factory) -> Path:
+    """DDP and FSDP2 in one torchrun world: two fresh policies trained on the same rollouts, the ranks' engines
+    started once for both."""
+    return run_ranks(tiny_model_dir, tmp_path_factory.mktemp("data_parallel"), ["ddp", "fsdp2"], 1)
 
 
 def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:
@@ -146,9 +159,13 @@ def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.
     ("strategy", "tensor_parallel_size"), [("ddp", 1), ("fsdp2", 1), ("ddp", 2)], ids=["ddp", "fsdp2", "ddp-tp2"]
 )
 def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_gradient(
-    tiny_model_dir, tmp_path, monkeypatch, strategy, tensor_parallel_size
+    request, tiny_model_dir, tmp_path, strategy, tensor_parallel_size
 ):
-    ranks = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
+    if tensor_parallel_size == 1:
+        out_dir = request.getfixturevalue("data_parallel_runs")
+    else:  # one engine sharded over both ranks: a world of its own
+        out_dir = run_ranks(tiny_model_dir, tmp_path, [strategy], tensor_parallel_size)
+    ranks = load_ranks(out_dir, strategy)
 
     train = train_questions()
     drawn = [
@@ -234,7 +251,7 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
     for rank in range(2):
-        engine_vs_hf = json.loads((tmp_path / f"rank{rank}.json").read_text())["engine_vs_hf"]
+        engine_vs_hf = json.loads((out_dir / f"{strategy}-rank{rank}.json").read_text())["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
 
 
@@ -274,6 +291,6 @@ def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(tiny_model_di
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    ranks = [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    ranks = load_ranks(out_dir, "ddp")
     assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])
