@@ -105,13 +105,11 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategies: list[str], tensor_parallel_size: int) -> Path:
-    """Two ranks under torchrun, each training ``strategies`` one after the other on the same rollouts; their
-    results are in ``out_dir``."""
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> Path:
+    """Two ranks on one node under torchrun; their results are in ``out_dir``."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), ",".join(strategies),
-        str(tensor_parallel_size),
+        str(TESTS / "distributed_worker.py"), str(model_dir), str(out_dir), strategy, str(tensor_parallel_size),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -122,11 +120,46 @@ def load_ranks(out_dir: Path, strategy: str) -> list[dict]:
     return [torch.load(out_dir / f"{strategy}-rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
+FAKE_SRUN = """#!/bin/bash
+# srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
+nodes=1
+while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
+pids=()
+for ((node = 0; node < nodes; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
+
+
 @pytest.fixture(scope="module")
-def data_parallel_runs(tiny_model_dir, tmp_path_factory) -> Path:
-    """DDP and FSDP2 in one torchrun world: two fresh policies trained on the same rollouts, the ranks' engines
-    started once for both."""
-    return run_ranks(tiny_model_dir, tmp_path_factory.mktemp("data_parallel"), ["ddp", "fsdp2"], 1)
+def two_nodes(tiny_model_dir, tmp_path_factory) -> Path:
+    """Two ranks started as the launcher starts them inside a 2-node SLURM allocation: it starts itself on each node
+    (``srun``) and the torchrun agents meet at the first host; ``srun`` and ``scontrol`` (no cluster here) are
+    stand-ins that run both "nodes" on this machine. Each rank trains under DDP, then a fresh policy under FSDP2, on
+    the same rollouts: one world (its engines started once) for the launcher's test and the data-parallel ones."""
+    root = tmp_path_factory.mktemp("two_nodes")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.1\\n'\n")  # show hostnames LIST
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
+    environ |= {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "SLURM_JOB_ID": "4242",
+                "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}  # fmt: skip
+    out_dir = root / "out"
+    out_dir.mkdir()
+    command = [
+        sys.executable, "-m", "reasonrl.launch", "--nproc-per-node", "1", "--nnodes", "2",
+        str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out_dir), "ddp,fsdp2",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return out_dir
 
 
 def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:
@@ -162,9 +195,9 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     request, tiny_model_dir, tmp_path, strategy, tensor_parallel_size
 ):
     if tensor_parallel_size == 1:
-        out_dir = request.getfixturevalue("data_parallel_runs")
-    else:  # one engine sharded over both ranks: a world of its own
-        out_dir = run_ranks(tiny_model_dir, tmp_path, [strategy], tensor_parallel_size)
+        out_dir = request.getfixturevalue("two_nodes")
+    else:  # one engine sharded over both ranks, which must share a node: a world of its own
+        out_dir = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
     ranks = load_ranks(out_dir, strategy)
 
     train = train_questions()
@@ -255,42 +288,11 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
 
 
-FAKE_SRUN = """#!/bin/bash
-# srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
-nodes=1
-while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
-pids=()
-for ((node = 0; node < nodes; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-exit $status
-"""
-
-
 @pytest.mark.slow
-def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(tiny_model_dir, tmp_path):
-    """Inside a 2-node allocation the launcher starts itself on each node (``srun``) and the torchrun agents meet at
-    the first host; ``srun`` and ``scontrol`` (no cluster here) are stand-ins that run both "nodes" on this machine."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.1\\n'\n")  # show hostnames LIST
-    for tool in ("srun", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    environ = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
-    environ |= {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "SLURM_JOB_ID": "4242",
-                "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}  # fmt: skip
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    command = [
-        sys.executable, "-m", "reasonrl.launch", "--nproc-per-node", "1", "--nnodes", "2",
-        str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out_dir), "ddp",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    ranks = load_ranks(out_dir, "ddp")
-    assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
-    assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])
+def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(two_nodes):
+    """The world of :func:`two_nodes`: each node's rank drew a share of the questions, and they hold the same weights
+    after the same updates."""
+    for strategy in ("ddp", "fsdp2"):
+        ranks = load_ranks(two_nodes, strategy)
+        assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
+        assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])
