@@ -226,6 +226,16 @@ def test_every_repository_path_the_docs_name_exists(page):
             assert (ROOT / path.rstrip("/")).exists(), f"{page.name} names {path}, which does not exist"
 
 
+def test_every_queued_experiment_is_named():
+    """A queued `dvc exp run` without `--name` gets a random name, which neither reasonrl.compare nor the docs'
+    later commands can know."""
+    queued = [(page, words) for page, words, _ in documented_commands() if words[:3] == ["dvc", "exp", "run"]]
+    queued = [(page, words) for page, words in queued if "--queue" in words]
+    assert len(queued) > 10
+    for page, words in queued:
+        assert "--name" in words or any(word.startswith("--name=") for word in words), f"{page}: {' '.join(words)}"
+
+
 def test_the_quickstart_counts_the_cpu_preset_right(full_scale_params):
     """The Quickstart says how many params the CPU preset sets and how many of them differ from params.yaml."""
     text = " ".join((DOCS / "quickstart.md").read_text(encoding="utf-8").split())
