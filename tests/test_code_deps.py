@@ -281,8 +281,8 @@ def test_the_download_stage_imports_no_training_loop():
 LAYERS = [
     # base: no params, no torch
     ["reasonrl.errors", "reasonrl.atomic", "reasonrl.cli", "reasonrl.code_deps", "reasonrl.markdown",
-     "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types", "reasonrl.loss_registry",
-     "reasonrl.grading", "reasonrl.synthetic"],
+     "reasonrl.repository", "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types",
+     "reasonrl.loss_registry", "reasonrl.grading", "reasonrl.synthetic"],
     # the task: examples, prompt templates, rewards
     ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards"],
     # the params (whose schema checks names against the task's registries) and the routes they configure
