@@ -19,11 +19,18 @@ $(SETUP_STAMP): requirements/cpu.lock pyproject.toml
 	touch $@
 
 # The README's main job on a CPU: the CPU preset written into params.yaml (git diff shows it; `git checkout
-# params.yaml` restores the full-scale config), then every stage through DVC, ending in the report.
+# params.yaml` restores the full-scale config), every stage through DVC, the result recorded as the DVC experiment
+# `demo` (what `python -m reasonrl.compare EXP` compares with), and the headline table. `make demo PRESET=` runs the
+# committed params.yaml as it is. A second `make demo` reruns nothing DVC has cached and records `demo` anew
+# (`dvc exp save --force`); `dvc exp run --name demo` would refuse the existing name, and with --force rerun every
+# stage. reasonrl.demo refuses a params.yaml that an experiment's -S left changed (see its docstring).
+PRESET ?= cpu
+demo: STARTED := $(shell date +%s)
 demo: setup
-	$(BIN)/python -m reasonrl.presets cpu --apply
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
-	@echo "report: $(CURDIR)/reports/report.html (Markdown: reports/report.md; metrics: dvc metrics show)"
+	$(BIN)/python -m reasonrl.demo params $(if $(PRESET),--preset $(PRESET))
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+	$(BIN)/dvc exp save --name demo --force --quiet
+	@$(BIN)/python -m reasonrl.demo headline --since $(STARTED)
 
 test: setup
 	$(BIN)/python -m pytest

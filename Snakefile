@@ -34,7 +34,7 @@ if OVERRIDDEN:
     raise WorkflowError(
         f"--config/--configfile set {', '.join(OVERRIDDEN)}, which the stages would not see: they read params.yaml. "
         "Set the values in params.yaml (by hand, or a preset: python -m reasonrl.presets NAME --apply), then run "
-        "snakemake; for a variant beside this run, do that in a git worktree of its own (docs/multi-gpu.md, "Snakemake")"
+        "snakemake; for a variant beside this run, do that in a git worktree of its own (docs/multi-gpu.md, 'Snakemake')"
     )
 # Every param checked before any rule is built, as each stage checks its own again: a bad value stops here with the
 # stage's one-line message, not as a missing input (templated paths such as prompts/${grpo.prompt}.prompt).

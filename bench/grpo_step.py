@@ -111,7 +111,7 @@ def reasonrl_steps(
         with engine.serving(policy):
             drawn = draw_rollouts(engine, questions, config, STOP, step)
         rolled = time.perf_counter()
-        batch = score_rollouts(tokenizer, drawn, group_size, loss.advantage_eps, loss.use_std_normalization)
+        batch = score_rollouts(tokenizer, drawn, group_size, loss, config.sampling)
         lengths = set(batch.response_lengths)
         assert lengths == {config.sampling.max_tokens}, (
             f"rollout lengths {sorted(lengths)}, not all {config.sampling.max_tokens}"

@@ -5,10 +5,12 @@ the loop's functions (DDP or FSDP2, gloo), and writes what the test compares: it
 metrics as the loop logs them, the reduced gradients of each step, its whole weights afterwards, and the engine's
 log-probs after a weight load against HF's, and whether a KL reference refreshed to the trained policy holds all of it.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGY [TP]
+    python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py MODEL_DIR OUT_DIR STRATEGIES [TP]
 
-With TP = 2 the two ranks are one tensor-parallel group: one engine sharded over both, the same questions and
-samples, half the training rows each.
+STRATEGIES is one strategy or several, comma-separated (``ddp,fsdp2``): each trains a fresh policy on the same
+rollouts, drawn once, and writes ``<strategy>-rank<rank>.pt`` and ``.json``; the engines and the process group start
+once for all of them. With TP = 2 the two ranks are one tensor-parallel group: one engine sharded over both, the same
+questions and samples, half the training rows each.
 """
 
 from __future__ import annotations
@@ -64,21 +66,36 @@ def train_questions():
 
 
 def main() -> None:
-    model_dir, out_dir, strategy = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    model_dir, out_dir, strategies = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
     tensor_parallel_size = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     REWARD_FNS["r1_zero"] = odd_length_reward
-    distributed = DistributedConfig(nproc_per_node=2, strategy=strategy, tensor_parallel_size=tensor_parallel_size)
+    distributed = DistributedConfig(nproc_per_node=2, tensor_parallel_size=tensor_parallel_size)
     ranks = init_ranks(distributed, "cpu")
     engine_config = EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
     engine = RolloutEngine(model_dir, engine_config, ranks.tensor_parallel_size)
+    policy, _ = load_policy(model_dir, torch.device("cpu"))
+    with engine.serving(policy):
+        drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
+    rollout = ranks.mean_metrics(rollout_metrics(drawn, CONFIG.batching.group_size, CONFIG.sampling.dynamic_sampling))
+    questions = [question.question for question in drawn.questions]
+    for strategy in strategies:
+        results = train_and_check(model_dir, strategy, engine, drawn, ranks)
+        name = f"{strategy}-rank{ranks.rank}"
+        checks = {key: results.pop(key) for key in ("engine_vs_hf", "reference_refreshed")}
+        (out_dir / f"{name}.json").write_text(json.dumps({**checks, "rank": ranks.rank}))
+        torch.save(
+            {"questions": questions, "samples": drawn.samples, "rollout": rollout, **results}, out_dir / f"{name}.pt"
+        )
+    torch.distributed.barrier()  # the process group stays: vLLM tears its own groups down at exit
+
+
+def train_and_check(model_dir: str, strategy: str, engine: RolloutEngine, drawn, ranks) -> dict:
+    """A fresh policy trained under ``strategy`` on ``drawn``: the rows this rank trained, each step's loss and
+    reduced gradients, the whole weights afterwards, and the engine's log-probs after loading them against HF's."""
     policy, tokenizer = load_policy(model_dir, torch.device("cpu"))
     trainer = wrap_for_training(policy, strategy, ranks)
     optimizer, guard = make_optimizer(policy, CONFIG.optimizer), NonFiniteGuard(limit=0)
-
-    with engine.serving(policy):
-        drawn = draw_rollouts(engine, train_questions(), CONFIG, stop=[], step_seed=STEP_SEED, ranks=ranks)
     loss, group_size, max_grad_norm = CONFIG.loss, CONFIG.batching.group_size, CONFIG.optimizer.max_grad_norm
-    rollout = ranks.mean_metrics(rollout_metrics(drawn, group_size, CONFIG.sampling.dynamic_sampling))
     batch = score_rollouts(tokenizer, drawn, group_size, loss, CONFIG.sampling)
     fixed = FixedLogProbs(old=compute_old_log_probs(trainer, batch, Forwards.fixed(CONFIG), ranks))
     rows = ranks.rows_to_train(len(batch.responses))
@@ -110,23 +127,8 @@ def main() -> None:
             log_probs = get_response_log_probs(plain, ids[:, :-1], ids[:, 1:])["log_probs"]  # [1, P + R - 1]
         hf = log_probs[0, len(sample.prompt_token_ids) - 1 :]
         worst = max(worst, (hf - torch.tensor(sample.logprobs)).abs().max().item())
-
-    torch.save(
-        {
-            "questions": [q.question for q in drawn.questions],
-            "rows": rows,
-            "samples": drawn.samples,
-            "rollout": rollout,
-            "gradients": gradients,
-            "weights": weights,
-            "losses": losses,
-        },
-        out_dir / f"rank{ranks.rank}.pt",
-    )
-    (out_dir / f"rank{ranks.rank}.json").write_text(
-        json.dumps({"engine_vs_hf": worst, "rank": ranks.rank, "reference_refreshed": refreshed})
-    )
-    torch.distributed.barrier()  # the process group stays: vLLM tears its own groups down at exit
+    return {"rows": rows, "gradients": gradients, "weights": weights, "losses": losses, "engine_vs_hf": worst,
+            "reference_refreshed": refreshed}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""Ablations end to end, as a user runs them: the whole pipeline as a DVC experiment on the CPU preset's synthetic
-task, a second experiment with another GRPO loss, then ``dvc metrics diff`` and ``python -m reasonrl.compare``."""
+"""Ablations end to end, as a user runs them: ``make demo`` (the whole pipeline recorded as the DVC experiment
+``demo``) on the CPU preset's synthetic task, shrunk; a second experiment with another GRPO loss, then
+``python -m reasonrl.compare`` and ``dvc metrics diff``; then the other recipes as experiments."""
 
 import json
+import re
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -34,9 +38,31 @@ def experiment_names(clone, env) -> set[str]:
     }
 
 
-def test_two_experiments_then_metrics_diff_and_compare(repo, tmp_path):
+def run_all_output(command: list[str], clone, env) -> subprocess.CompletedProcess:
+    """``command`` with its stdout and stderr together, as a terminal shows them."""
+    return subprocess.run(command, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def make_demo(clone, env) -> subprocess.CompletedProcess:
+    """``make demo`` on the params the clone committed (the shrunk preset: ``PRESET=`` writes none), with this
+    interpreter's venv (``-o setup``: `make setup` would install into it)."""
+    venv = Path(sys.executable).parent.parent
+    return run_all_output(["make", "-o", "setup", "demo", "PRESET=", f"VENV={venv}"], clone, env)
+
+
+def test_the_demo_then_an_ablation_then_its_comparison_as_the_readme_runs_them(repo, tmp_path):
+    """The three commands of the README's flow: ``make demo`` (every stage, recorded as the DVC experiment ``demo``,
+    ending with the headline table, no warnings), ``dvc exp run --name no-baseline -S grpo.loss_type=no_baseline``
+    (the GRPO stages rerun) and ``python -m reasonrl.compare no-baseline`` (against ``demo``)."""
+    from reasonrl.demo import format_p
+    from reasonrl.evaluation import paired_comparison
+    from reasonrl.report.tables import format_accuracy
+
     clone, env = repo
-    run(["dvc", "exp", "run", "--name", "reference"], clone, env)
+    demo = make_demo(clone, env)
+    print(demo.stdout)
+    assert demo.returncode == 0, demo.stdout
+    assert not re.search("(?i)warning", demo.stdout)  # DVC's empty test_sets directory, vLLM's start-up notices
     final = json.loads((clone / "reports/final/metrics.json").read_text())
     first_grpo_answers = (clone / "reports/final/generations/grpo.jsonl").read_text()
     assert set(final) == set(ROUTES)
@@ -46,61 +72,73 @@ def test_two_experiments_then_metrics_diff_and_compare(repo, tmp_path):
         assert len((clone / f"reports/final/generations/{name}.jsonl").read_text().splitlines()) == 24
     html = (clone / "reports/report.html").read_text()
     assert "data:image/png;base64," in html and 'src="figures/' not in html
+    table = demo.stdout[demo.stdout.index("Test accuracy on 24 answers to 24 test questions") :]
+    rows = {line.split()[0]: line for line in table.splitlines()[3:7]}
+    assert list(rows) == list(ROUTES)
+    for route, summary in final.items():
+        paired = summary.get("paired")
+        cells = [format_accuracy(summary)] + (
+            [] if paired is None else [paired["reference"], format_p(paired["p_value"])]
+        )
+        assert all(f"  {cell}  " in rows[route] for cell in cells), rows[route]
+    assert "recorded as the DVC experiment `demo`" in table
+    assert "demo" in experiment_names(clone, env)
+
+    again = make_demo(clone, env)  # twice in a row: nothing reruns, `demo` is recorded anew
+    assert again.returncode == 0 and "Running stage" not in again.stdout, again.stdout
+    assert again.stdout[again.stdout.index("Test accuracy on") :].splitlines()[:7] == table.splitlines()[:7]
 
     run(["dvc", "exp", "run", "--name", "no-baseline", "-S", "grpo.loss_type=no_baseline"], clone, env)
-    assert {"reference", "no-baseline"} <= experiment_names(clone, env)
+    assert {"demo", "no-baseline"} <= experiment_names(clone, env)
+    refused = make_demo(clone, env)  # the ablation's value left in params.yaml would become the demo's
+    assert refused.returncode != 0 and 'params.yaml sets grpo.loss_type: "no_baseline", unlike' in refused.stdout
 
-    # experiment names are revisions to DVC, as a user types them
-    diff = json.loads(run(["dvc", "metrics", "diff", "reference", "no-baseline", "--all", "--json"], clone, env))
-    grpo_accuracy = diff["reports/final/metrics.json"]["grpo.accuracy"]
-    assert grpo_accuracy["old"] == final["grpo"]["accuracy"]
-    second = json.loads((clone / "reports/final/metrics.json").read_text())
-    assert grpo_accuracy["new"] == second["grpo"]["accuracy"]
-    # base, SFT and EI did not change: DVC reused them, so their results are identical
-    for route in ("base", "sft", "ei"):
-        assert second[route] == final[route]
-
-    # The headline leads `dvc exp show`, and the README's `dvc metrics diff --targets` shows it alone.
-    shown = json.loads(run(["dvc", "exp", "show", "--json"], clone, env))
-    assert next(iter(shown[0]["data"]["metrics"])) == "reports/headline.json"
-    headline = json.loads(
-        run(["dvc", "metrics", "diff", "reference", "no-baseline", "--targets", "reports/headline.json", "--all",
-             "--json"], clone, env)
-    )  # fmt: skip
-    assert list(headline) == ["reports/headline.json"]
-    assert headline["reports/headline.json"]["test_accuracy.grpo"] == grpo_accuracy
-
-    # The cached report describes its own run; the experiments side by side are `python -m reasonrl.compare`'s,
-    # which reads each through DVC by the name the user gave it.
-    from reasonrl.evaluation import paired_comparison
-    from reasonrl.report.tables import format_accuracy
-
-    assert "no-baseline" not in (clone / "reports/report.md").read_text()
-    out, html_page = tmp_path / "compare.md", tmp_path / "compare.html"
-    files = ["--out", str(out), "--html", str(html_page)]
-    run(["python", "-m", "reasonrl.compare", "reference", "no-baseline", *files], clone, env)
-    page = out.read_text()
+    compared = run_all_output(["python", "-m", "reasonrl.compare", "no-baseline"], clone, env)
+    print(compared.stdout)
+    assert compared.returncode == 0, compared.stdout
+    page = compared.stdout
+    assert page.startswith("# Experiments compared with `demo`: `no-baseline`\n")
     changed = page[page.index("## Params that differ") : page.index("## Test accuracy")]
     rows = [line for line in changed.splitlines() if line.startswith("| `")]
-    assert len(rows) == 1 and rows[0].startswith("| `grpo.loss_type` | `") and rows[0].endswith(" | `no_baseline` |")
+    assert rows == ["| `grpo.loss_type` | `reinforce_with_baseline` | `no_baseline` |"]
+    second = json.loads((clone / "reports/final/metrics.json").read_text())
     for route in ROUTES:
         assert f"| {route} | {format_accuracy(final[route])} | {format_accuracy(second[route])} |" in page
     for route in ("base", "sft", "ei"):  # reused by DVC: the same answers, nothing to test
+        assert second[route] == final[route]
         same = "0 / 0 (the same answers) | 0 / 0 | McNemar exact | 1"
-        assert f"| {route} | `no-baseline` | `reference` | {same} |" in page
+        assert f"| {route} | `no-baseline` | `demo` | {same} |" in page
     answers = [(clone / "reports/final/generations/grpo.jsonl").read_text(), first_grpo_answers]
     paired = paired_comparison(*([json.loads(line) for line in text.splitlines()] for text in answers))
     assert (
-        f"| grpo | `no-baseline` | `reference` | {paired['only_this_right']} / {paired['only_reference_right']}"
+        f"| grpo | `no-baseline` | `demo` | {paired['only_this_right']} / {paired['only_reference_right']}"
     ) in page and f"| McNemar exact | {paired['p_value']:.3g} |" in page
+
+    # experiment names are revisions to DVC, as a user types them; a stage's metrics file on request
+    targets = ["--targets", "reports/final/metrics.json"]
+    diff = json.loads(run(["dvc", "metrics", "diff", "demo", "no-baseline", *targets, "--all", "--json"], clone, env))
+    grpo_accuracy = diff["reports/final/metrics.json"]["grpo.accuracy"]
+    assert (grpo_accuracy["old"], grpo_accuracy["new"]) == (final["grpo"]["accuracy"], second["grpo"]["accuracy"])
+    # The headline is the one metrics file `dvc exp show` and `dvc metrics diff` list.
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], clone, env))
+    assert list(shown[0]["data"]["metrics"]) == ["reports/headline.json"]
+    headline = json.loads(run(["dvc", "metrics", "diff", "demo", "no-baseline", "--all", "--json"], clone, env))
+    assert list(headline) == ["reports/headline.json"]
+    assert headline["reports/headline.json"]["test_accuracy.grpo"] == grpo_accuracy
+
+    # The cached report describes its own run; the page with figures is compare's, on request.
+    assert "no-baseline" not in (clone / "reports/report.md").read_text()
+    out, html_page = tmp_path / "compare.md", tmp_path / "compare.html"
+    run(["python", "-m", "reasonrl.compare", "no-baseline", "--out", str(out), "--html", str(html_page)], clone, env)
+    assert out.read_text().startswith(page.removesuffix("\n"))  # the same page, figures added
     assert (tmp_path / "compare_figures/validation_curves.png").read_bytes().startswith(b"\x89PNG")
     assert "data:image/png;base64," in html_page.read_text()
     # DVC's own figures: one per curve, each with both experiments
-    plots = json.loads(run(["dvc", "plots", "diff", "reference", "no-baseline", "--json"], clone, env))
+    plots = json.loads(run(["dvc", "plots", "diff", "demo", "no-baseline", "--json"], clone, env))
     assert "errors" not in plots
     assert list(plots["data"]) == ["SFT validation accuracy", "EI validation accuracy", "GRPO validation accuracy",
                                    "GRPO train reward", "GRPO response length", "SFT training loss"]  # fmt: skip
-    assert all(figure[0]["revisions"] == ["reference", "no-baseline"] for figure in plots["data"].values())
+    assert all(figure[0]["revisions"] == ["demo", "no-baseline"] for figure in plots["data"].values())
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
 
 
@@ -261,9 +299,9 @@ def test_a_queued_experiment_runs_the_code_it_records_and_keeps_its_policies(rep
     no output that a fresh copy could miss). A second experiment, run at the same time, keeps GRPO's policy every
     step: they outlive its copy, in the workspace under its name."""
     clone, env = repo
-    run(["dvc", "exp", "apply", "reference"], clone, env)  # not the two-ranks run the test before left
+    run(["dvc", "exp", "apply", "demo"], clone, env)  # not the two-ranks run the test before left
     run(["git", "add", "-A"], clone, env)
-    run(["git", "commit", "-qm", "reference results"], clone, env)  # the queue's copies check the outputs out
+    run(["git", "commit", "-qm", "demo results"], clone, env)  # the queue's copies check the outputs out
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
     module = clone / "src/reasonrl/report/document.py"
     original = module.read_text()

@@ -26,7 +26,7 @@ from reasonrl.benchmarks import (
     read_benchmark,
 )
 from reasonrl.contamination import words
-from reasonrl.data import LATEX, DataFormatError, load_gsm8k
+from reasonrl.data import LATEX, TEST_SETS_INDEX, DataFormatError, load_gsm8k
 from reasonrl.grading import ground_truth_value
 from reasonrl.rewards import prompt_reward, rewards_for
 from reasonrl.symbolic import gold_parses
@@ -229,6 +229,8 @@ def test_the_download_stage_screens_benchmarks_against_gsm8k_train(
     assert aime24 == {"answer_format": "number", "records": 30, "ungradable": 0, "questions": 30, "contaminated": 0,
                       "contaminated_lines": []}  # fmt: skip
     assert f"benchmark mawps: {2065 - contaminated} questions of 2065; {contaminated} share a 13-gram" in result.stdout
+    index = json.loads((sets / TEST_SETS_INDEX).read_text())
+    assert index == {"mawps": 2065 - contaminated, "aime24": 30}  # the index says what the directory holds
 
 
 def grams(text: str) -> set[tuple[str, ...]]:

@@ -281,8 +281,8 @@ def test_the_download_stage_imports_no_training_loop():
 LAYERS = [
     # base: no params, no torch
     ["reasonrl.errors", "reasonrl.atomic", "reasonrl.cli", "reasonrl.code_deps", "reasonrl.markdown",
-     "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types", "reasonrl.loss_registry",
-     "reasonrl.grading", "reasonrl.synthetic", "reasonrl.symbolic", "reasonrl.contamination"],
+     "reasonrl.repository", "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types",
+     "reasonrl.loss_registry", "reasonrl.grading", "reasonrl.synthetic", "reasonrl.symbolic", "reasonrl.contamination"],
     # the task: examples, prompt templates, rewards, benchmarks
     ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards", "reasonrl.benchmarks"],
     # the params (whose schema checks names against the task's registries) and the routes they configure
@@ -297,8 +297,8 @@ LAYERS = [
     ["reasonrl.training", "reasonrl.model_card"],
     # the algorithms
     ["reasonrl.sft", "reasonrl.expert_iteration", "reasonrl.grpo", "reasonrl.crosscheck"],
-    # what reads the runs' outputs and drives the pipeline
-    ["reasonrl.report", "reasonrl.compare", "reasonrl.pipeline"],
+    # what reads the runs' outputs and drives the pipeline (and make demo)
+    ["reasonrl.report", "reasonrl.compare", "reasonrl.pipeline", "reasonrl.demo"],
 ]  # fmt: skip
 """The package's layers, lowest first: a module imports (at run time or for its annotations) from its own layer or
 lower ones only. Each entry names a module or a package, whose submodules it covers."""

@@ -129,11 +129,9 @@ def test_experiment_names_are_drawn_as_written(monkeypatch):
     assert shown == [(name, False) for name in names]
 
 
-def test_one_experiment_or_an_unfinished_one_is_refused():
-    with pytest.raises(CompareError, match="two or more experiments"):
+def test_a_page_needs_a_baseline_and_an_experiment_and_every_route():
+    with pytest.raises(CompareError, match="a baseline and at least one experiment"):
         build_comparison([experiment("a", {}, {})])
-    with pytest.raises(CompareError, match="q-clip: reports/final/metrics.json: missing"):
-        parse_final(None, "q-clip: reports/final/metrics.json")
     with pytest.raises(CompareError, match="no test summary for ei, grpo"):
         parse_final(json.dumps({"base": {"accuracy": 0.1, "accuracy_interval": {}}, "sft": {"accuracy": 0,
                                 "accuracy_interval": {}}}), "x")  # fmt: skip
@@ -188,7 +186,7 @@ def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
     assert committed.curves["grpo"] == [(0, 0.1), (2, 0.5)]  # by GRPO step, joined as the report joins them
     assert committed.curves["sft"] is None and committed.generations["grpo"] == graded(REFERENCE)
 
-    main(["main", "workspace", "--out", "compare.md", "--html", "compare.html"])
+    main(["workspace", "--against", "main", "--out", "compare.md", "--html", "compare.html"])
     markdown = (dvc_repo / "compare.md").read_text(encoding="utf-8")
     assert "| `grpo.loss_type` | `grpo_clip` | `no_baseline` |" in markdown
     assert "`grpo.lr`" not in markdown
@@ -198,15 +196,61 @@ def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
     assert "data:image/png;base64," in (dvc_repo / "compare.html").read_text(encoding="utf-8")
     assert capsys.readouterr().out == "compare: compare.md, compare.html\n"
 
-    main(["HEAD", "workspace"])  # no file asked for: Markdown on stdout, without figures
+    main(["workspace", "--against", "HEAD"])  # no file asked for: Markdown on stdout, without figures
     printed = capsys.readouterr().out
-    assert printed.startswith("# Experiments compared: `HEAD`, `workspace`") and ".png" not in printed
+    assert printed.startswith("# Experiments compared with `HEAD`: `workspace`") and ".png" not in printed
+
+
+def exp_save(name: str) -> None:
+    subprocess.run([sys.executable, "-m", "dvc", "exp", "save", "--name", name, "--quiet"], check=True, timeout=120)
+
+
+def test_one_experiment_is_compared_with_the_demo(dvc_repo, capsys):
+    """``compare EXP`` sets EXP beside ``demo``, the experiment ``make demo`` records (here the workspace's run, saved
+    as DVC saves it); without one, the error says what records it."""
+    with pytest.raises(CompareError, match=r"^no experiment named 'demo' to compare against: `make demo` records it; "
+                                           r"or name another baseline with --against"):  # fmt: skip
+        main(["workspace"])
+    exp_save("demo")
+    write_run(dvc_repo, "grpo_clip", REFERENCE)  # the workspace now holds the committed run again
+    main(["workspace"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("# Experiments compared with `demo`: `workspace`\n")
+    assert "| `grpo.loss_type` | `no_baseline` | `grpo_clip` |" in printed
+    assert "| grpo | `workspace` | `demo` | 1 / 5 | 1 / 5 | McNemar exact | 0.219 |" in printed
+    main(["demo", "workspace"])  # of several, the first is the baseline
+    assert capsys.readouterr().out == printed
+    main(["HEAD", "workspace", "--against", "demo"])  # the baseline among them: compared once
+    assert capsys.readouterr().out.startswith("# Experiments compared with `demo`: `HEAD`, `workspace`\n")
+    with pytest.raises(CompareError, match=r"^nothing to compare: 'demo' is the baseline; name another experiment"):
+        main(["demo"])
+
+
+def test_what_has_no_results_says_what_to_run(dvc_repo):
+    """The workspace before a run, a git revision that records no results and an experiment that did not reach
+    final_eval: each error names the case and the command that makes results."""
+    for path in (dvc_repo / "reports").rglob("*.json"):
+        path.unlink()
+    subprocess.run(["git", "rm", "-q", "--cached", "-r", "reports"], check=True, timeout=120)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "no results"], check=True)
+    with pytest.raises(CompareError, match=r"^workspace: no reports/final/metrics.json on disk: `dvc repro` writes "):
+        main(["workspace", "--against", "HEAD~1"])
+    with pytest.raises(CompareError) as commit:
+        main(["HEAD~1", "--against", "HEAD"])
+    assert str(commit.value).startswith(
+        "'HEAD' is a git revision without the pipeline's results (its dvc.lock records no reports/final/metrics.json): "
+        "compare experiments instead: `make demo` records 'demo', `dvc exp run --name NAME -S key=value` an ablation"
+    )
+    exp_save("sft-only")
+    with pytest.raises(CompareError, match=r"^experiment 'sft-only' has no reports/final/metrics.json: it did not "):
+        main(["sft-only", "--against", "HEAD~1"])
 
 
 def test_an_unknown_experiment_is_named(dvc_repo):
     done = subprocess.run(
-        [sys.executable, "-m", "reasonrl.compare", "main", "no-such-exp"], capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-m", "reasonrl.compare", "no-such-exp", "--against", "main"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 2
     assert "error: unknown experiment 'no-such-exp': not an experiment name, a git revision or 'workspace'" in (
         done.stderr

@@ -106,19 +106,72 @@ def test_the_launcher_runs_one_node_standalone_and_several_at_master_addr():
     assert "--rdzv-endpoint=node01:29500" in arguments and "--rdzv-id=42" in arguments and "--nnodes=2" in arguments
 
 
-def run_two_ranks(worker: str, out_dir: Path, *arguments: object) -> list[dict]:
-    """``tests/<worker>`` on two ranks (torchrun, gloo) with ``arguments``; what each rank saved in ``out_dir``."""
+def torchrun_two_ranks(worker: str, *arguments: object) -> None:
+    """``tests/<worker>`` on two ranks of one node (torchrun, gloo) with ``arguments``."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(TESTS / worker),
         *map(str, arguments),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+def run_two_ranks(worker: str, out_dir: Path, *arguments: object) -> list[dict]:
+    """What each rank of ``tests/<worker>`` saved as ``out_dir/rank<rank>.pt``."""
+    torchrun_two_ranks(worker, *arguments)
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> list[dict]:
-    return run_two_ranks("distributed_worker.py", out_dir, model_dir, out_dir, strategy, tensor_parallel_size)
+def run_ranks(model_dir: Path, out_dir: Path, strategy: str, tensor_parallel_size: int) -> Path:
+    """The distributed worker on two ranks of one node; their results are in ``out_dir`` (:func:`load_ranks`)."""
+    torchrun_two_ranks("distributed_worker.py", model_dir, out_dir, strategy, tensor_parallel_size)
+    return out_dir
+
+
+def load_ranks(out_dir: Path, strategy: str) -> list[dict]:
+    return [torch.load(out_dir / f"{strategy}-rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
+nodes=1
+while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
+pids=()
+for ((node = 0; node < nodes; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+exit $status
+"""
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tiny_model_dir, tmp_path_factory) -> Path:
+    """Two ranks started as the launcher starts them inside a 2-node SLURM allocation: it starts itself on each node
+    (``srun``) and the torchrun agents meet at the first host; ``srun`` and ``scontrol`` (no cluster here) are
+    stand-ins that run both "nodes" on this machine. Each rank trains under DDP, then a fresh policy under FSDP2, on
+    the same rollouts: one world (its engines started once) for the launcher's test and the data-parallel ones."""
+    root = tmp_path_factory.mktemp("two_nodes")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.1\\n'\n")  # show hostnames LIST
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as probe:  # a free port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
+    environ |= {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "SLURM_JOB_ID": "4242",
+                "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}  # fmt: skip
+    out_dir = root / "out"
+    out_dir.mkdir()
+    command = [
+        sys.executable, "-m", "reasonrl.launch", "--nproc-per-node", "1", "--nnodes", "2",
+        str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out_dir), "ddp,fsdp2",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return out_dir
 
 
 def label_log_probs(policy: torch.nn.Module, batch) -> torch.Tensor:
@@ -151,9 +204,13 @@ def relative_difference(first: dict[str, torch.Tensor], second: dict[str, torch.
     ("strategy", "tensor_parallel_size"), [("ddp", 1), ("fsdp2", 1), ("ddp", 2)], ids=["ddp", "fsdp2", "ddp-tp2"]
 )
 def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_gradient(
-    tiny_model_dir, tmp_path, monkeypatch, strategy, tensor_parallel_size
+    request, tiny_model_dir, tmp_path, strategy, tensor_parallel_size
 ):
-    ranks = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
+    if tensor_parallel_size == 1:
+        out_dir = request.getfixturevalue("two_nodes")
+    else:  # one engine sharded over both ranks, which must share a node: a world of its own
+        out_dir = run_ranks(tiny_model_dir, tmp_path, strategy, tensor_parallel_size)
+    ranks = load_ranks(out_dir, strategy)
 
     train = train_questions()
     drawn = [
@@ -240,48 +297,17 @@ def test_two_ranks_train_on_the_union_of_their_rollouts_with_the_full_batch_grad
     assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in weights)
     assert max((weights[name] - ranks[0]["weights"][name]).abs().max().item() for name in weights) < 1e-4
     for rank in range(2):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        report = json.loads((out_dir / f"{strategy}-rank{rank}.json").read_text())
         engine_vs_hf = report["engine_vs_hf"]
         assert engine_vs_hf < 1e-3, f"rank {rank}: the engine's log-probs are {engine_vs_hf} from HF's after a sync"
         assert report["reference_refreshed"], f"rank {rank}: the refreshed KL reference is not the whole policy"
 
 
-FAKE_SRUN = """#!/bin/bash
-# srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
-nodes=1
-while [[ "$1" == --* ]]; do case "$1" in --nodes=*) nodes="${1#--nodes=}";; esac; shift; done
-pids=()
-for ((node = 0; node < nodes; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-exit $status
-"""
-
-
 @pytest.mark.slow
-def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(tiny_model_dir, tmp_path):
-    """Inside a 2-node allocation the launcher starts itself on each node (``srun``) and the torchrun agents meet at
-    the first host; ``srun`` and ``scontrol`` (no cluster here) are stand-ins that run both "nodes" on this machine."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '127.0.0.1\\n127.0.0.1\\n'\n")  # show hostnames LIST
-    for tool in ("srun", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    environ = {key: value for key, value in os.environ.items() if key != "MASTER_ADDR"}
-    environ |= {"PATH": f"{bin_dir}{os.pathsep}{environ['PATH']}", "SLURM_JOB_ID": "4242",
-                "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}  # fmt: skip
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    command = [
-        sys.executable, "-m", "reasonrl.launch", "--nproc-per-node", "1", "--nnodes", "2",
-        str(TESTS / "distributed_worker.py"), str(tiny_model_dir), str(out_dir), "ddp",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environ)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    ranks = [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
-    assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
-    assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])
+def test_two_nodes_of_a_slurm_allocation_meet_through_the_launcher(two_nodes):
+    """The world of :func:`two_nodes`: each node's rank drew a share of the questions, and they hold the same weights
+    after the same updates."""
+    for strategy in ("ddp", "fsdp2"):
+        ranks = load_ranks(two_nodes, strategy)
+        assert ranks[0]["questions"] != ranks[1]["questions"]  # a share each
+        assert all(torch.equal(ranks[0]["weights"][name], ranks[1]["weights"][name]) for name in ranks[0]["weights"])

@@ -200,10 +200,10 @@ def test_every_documented_make_target_exists():
         assert completed.returncode == 0, f"make {target}: {completed.stderr}"
 
 
-def test_every_documented_parameter_exists():
+def test_every_documented_parameter_exists(full_scale_params):
     """Each `-S key=value` of a documented `dvc exp run` names a param of params.yaml (a typo would make DVC add
     a new key that no stage reads)."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params = yaml.safe_load(full_scale_params)
     keys = []
     for _, words, in_block in documented_commands():
         if in_block and Path(words[0]).name == "dvc":
@@ -226,13 +226,23 @@ def test_every_repository_path_the_docs_name_exists(page):
             assert (ROOT / path.rstrip("/")).exists(), f"{page.name} names {path}, which does not exist"
 
 
-def test_the_quickstart_counts_the_cpu_preset_right():
+def test_every_queued_experiment_is_named():
+    """A queued `dvc exp run` without `--name` gets a random name, which neither reasonrl.compare nor the docs'
+    later commands can know."""
+    queued = [(page, words) for page, words, _ in documented_commands() if words[:3] == ["dvc", "exp", "run"]]
+    queued = [(page, words) for page, words in queued if "--queue" in words]
+    assert len(queued) > 10
+    for page, words in queued:
+        assert "--name" in words or any(word.startswith("--name=") for word in words), f"{page}: {' '.join(words)}"
+
+
+def test_the_quickstart_counts_the_cpu_preset_right(full_scale_params):
     """The Quickstart says how many params the CPU preset sets and how many of them differ from params.yaml."""
     text = " ".join((DOCS / "quickstart.md").read_text(encoding="utf-8").split())
     stated_total = int(re.search(r"dotted overrides of `params.yaml`: (\d+) params", text).group(1))
     stated_differing = int(re.search(r"(\d+) of which differ from `params.yaml`'s values", text).group(1))
     preset = yaml.safe_load((ROOT / "src/reasonrl/presets/cpu.yaml").read_text(encoding="utf-8"))
-    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    params = yaml.safe_load(full_scale_params)
 
     def value(key):
         node = params

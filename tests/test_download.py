@@ -17,8 +17,10 @@ from pipeline_repo import EXAMPLE_DATA, EXAMPLE_FIELDS, EXAMPLE_SHA256
 
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import (
+    TEST_SETS_INDEX,
     DataFormatError,
     JsonlFields,
+    given_lines,
     gsm8k_lines,
     jsonl_file_lines,
     load_gsm8k,
@@ -28,6 +30,7 @@ from reasonrl.data import (
 )
 from reasonrl.errors import UserError
 from reasonrl.presets import apply_to_file
+from reasonrl.synthetic import arithmetic_lines
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICIAL = {
@@ -179,11 +182,21 @@ def test_own_data_and_test_sets_are_verified_and_converted_to_gsm8k_lines(tmp_pa
     train, test = load_gsm8k(out / "train.jsonl"), load_gsm8k(out / "test.jsonl")
     shifted = load_gsm8k(tmp_path / "test_sets" / "shifted.jsonl")
     assert (len(train), len(test), len(shifted)) == (280, 60, 60)
+    assert json.loads((tmp_path / "test_sets" / TEST_SETS_INDEX).read_text(encoding="utf-8")) == {"shifted": 60}
     first = json.loads((REPO / EXAMPLE_DATA / "test.jsonl").read_text().splitlines()[0])
     assert test[0].question == first["problem"]
     assert f"\\boxed{{{test[0].answer}}}" in first["solution"] and test[0].reasoning in first["solution"]
     # Off the training distribution: more steps (a reasoning line each) than any training example has.
     assert min(len(e.reasoning.splitlines()) for e in shifted) > max(len(e.reasoning.splitlines()) for e in train)
+
+
+def test_without_test_sets_their_directory_holds_the_index_alone(tmp_path):
+    """DVC warns "'data/test_sets' is empty" each time it saves or hashes an empty output directory: under the
+    default params (no eval.test_sets) the directory holds the index, ``{}``."""
+    train, test = (partial(given_lines, arithmetic_lines(size, seed, 2, 9)) for seed, size in ((0, 30), (1, 10)))
+    write_data(train, test, {}, 5, 0, tmp_path / "gsm8k", tmp_path / "test_sets")
+    assert [path.name for path in (tmp_path / "test_sets").iterdir()] == [TEST_SETS_INDEX]
+    assert json.loads((tmp_path / "test_sets" / TEST_SETS_INDEX).read_text(encoding="utf-8")) == {}
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,13 @@ def partly_trained_model(tmp_path_factory, arithmetic):
     return path
 
 
+@pytest.fixture(scope="module")
+def engine(partly_trained_model):
+    """One engine for every run here: ``run_grpo`` loads its policy's weights into it before each draw, and each draw
+    and validation is seeded (the prefix cache emptied), so a run samples what it would from an engine of its own."""
+    return RolloutEngine(partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True))
+
+
 @pytest.mark.parametrize(
     ("loss_type", "epochs_per_rollout_batch", "train_batch_size", "rollout_batch_size", "n_grpo_steps"),
     # 48 optimizer steps on 3,072 samples either way: on-policy, a fresh rollout batch of 64 per step (REINFORCE has
@@ -65,6 +72,7 @@ def partly_trained_model(tmp_path_factory, arithmetic):
 )
 def test_grpo_raises_train_reward(
     partly_trained_model,
+    engine,
     arithmetic,
     tmp_path,
     loss_type,
@@ -74,9 +82,6 @@ def test_grpo_raises_train_reward(
     n_grpo_steps,
 ):
     _, questions = arithmetic
-    engine = RolloutEngine(
-        partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
-    )
     policy, tokenizer = load_policy(partly_trained_model, torch.device("cpu"))
     config = GRPOConfig(
         n_grpo_steps=n_grpo_steps,
@@ -133,16 +138,13 @@ def exact_kl(policy, reference, sequences: torch.Tensor) -> float:
     return (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
 
 
-def test_a_kl_penalty_keeps_the_policy_near_its_start(partly_trained_model, arithmetic, tmp_path):
+def test_a_kl_penalty_keeps_the_policy_near_its_start(partly_trained_model, engine, arithmetic, tmp_path):
     """The same GRPO run with ``kl_coef`` 0 and 1: the penalised policy ends measurably closer to the init model.
 
     Exact KL after 6 steps of 128 samples in two minibatches (an off-policy schedule REINFORCE may no longer run),
     penalised / free, over GRPO seeds 0-3 here: 0.064/0.223, 0.041/0.187, 0.056/0.172, 0.069/0.235 (ratios
     0.22-0.33); after 12 on-policy steps of 64 samples, seed 0: 0.072/0.252 (0.28). The bar is 0.5."""
     problems, questions = arithmetic
-    engine = RolloutEngine(
-        partly_trained_model, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True)
-    )
     reference, tokenizer = load_policy(partly_trained_model, torch.device("cpu"))
     probe = tokenizer([f"{p.question} {p.reasoning}\n#### {p.answer}" for p in problems[:64]], return_tensors="pt",
                       padding=True)["input_ids"]  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from side_by_side import ONE_THREAD, alongside
 from transformers import AutoModelForCausalLM
 
 from reasonrl.cli import open_live
@@ -100,24 +101,28 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     names the bad file, resumes from step 2 and ends as the uninterrupted run."""
     root, params, data, model = stage_inputs
     uninterrupted, resumed = root / "uninterrupted", root / "resumed"
-    subprocess.run(stage_command(params, data, model, uninterrupted), check=True, capture_output=True)
+    with alongside(stage_command(params, data, model, uninterrupted), root / "uninterrupted.log"):
+        process = subprocess.Popen(
+            stage_command(params, data, model, resumed),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ONE_THREAD,
+        )
+        checkpoints, deadline = resumed / "checkpoints", time.monotonic() + 300
+        wait_for(checkpoints / "step-000002", deadline)
+        shutil.copytree(checkpoints / "step-000002", root / "step-000002")  # before step 4's replaces it
+        wait_for(checkpoints / "step-000004", deadline)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
+        assert (checkpoints / "step-000004").is_dir() and not (resumed / "grpo" / "final").exists()
+        shutil.copytree(root / "step-000002", checkpoints / "step-000002", dirs_exist_ok=True)
+        os.truncate(checkpoints / "step-000004/checkpoint.pt", 1000)
+
+        rerun = subprocess.run(
+            stage_command(params, data, model, resumed), capture_output=True, text=True, env=ONE_THREAD
+        )
     # a completed run leaves no checkpoint behind: a rerun starts afresh, it does not resume a finished run
     assert (uninterrupted / "checkpoints").is_dir() and not list((uninterrupted / "checkpoints").iterdir())
-
-    process = subprocess.Popen(
-        stage_command(params, data, model, resumed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    checkpoints, deadline = resumed / "checkpoints", time.monotonic() + 300
-    wait_for(checkpoints / "step-000002", deadline)
-    shutil.copytree(checkpoints / "step-000002", root / "step-000002")  # before step 4's replaces it
-    wait_for(checkpoints / "step-000004", deadline)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
-    assert (checkpoints / "step-000004").is_dir() and not (resumed / "grpo" / "final").exists()
-    shutil.copytree(root / "step-000002", checkpoints / "step-000002", dirs_exist_ok=True)
-    os.truncate(checkpoints / "step-000004/checkpoint.pt", 1000)
-
-    rerun = subprocess.run(stage_command(params, data, model, resumed), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     log = rerun.stdout + rerun.stderr
     assert f"GRPO: {checkpoints / 'step-000004/checkpoint.pt'} cannot be read (" in log
@@ -224,31 +229,35 @@ def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_p
     params.write_text((root / "params.yaml").read_text())
     apply_to_file({"grpo.max_staleness": 2, "grpo.rollout_is_cap": 2.0, "grpo.n_grpo_steps": 7}, params)
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
-    subprocess.run(stage_command(params, data, model, uninterrupted), check=True, capture_output=True)
+    with alongside(stage_command(params, data, model, uninterrupted), tmp_path / "uninterrupted.log"):
+        process = subprocess.Popen(
+            stage_command(params, data, model, resumed),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ONE_THREAD,
+        )
+        wait_for(resumed / "checkpoints" / "step-000004", time.monotonic() + 300)
+        engines = child_pids(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
+        saved = json.loads((resumed / "checkpoints/step-000004/state.json").read_text())
+        # The KL reference there is the policy after step 3: neither the init model nor the checkpoint's own policy.
+        tensors = torch.load(resumed / "checkpoints/step-000004/checkpoint.pt", weights_only=True)
+        init, reference = load_file(model / "base/model.safetensors"), tensors["reference"]
+        assert any(not torch.equal(init[name], reference[name]) for name in init)
+        assert any(not torch.equal(tensors["policy"][name], reference[name]) for name in reference)
+        # Steps 5 and 6 drawn by older weights are held; step 6's, drawn by the checkpoint's own, is requested anew.
+        assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5]
+        assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3]
+        assert saved["state"]["to_request"] == [6]
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in engines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engines and not any(Path(f"/proc/{pid}").exists() for pid in engines), "the engine outlived its trainer"
 
-    process = subprocess.Popen(
-        stage_command(params, data, model, resumed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_for(resumed / "checkpoints" / "step-000004", time.monotonic() + 300)
-    engines = child_pids(process.pid)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
-    saved = json.loads((resumed / "checkpoints/step-000004/state.json").read_text())
-    # The KL reference there is the policy after step 3: neither the init model nor the checkpoint's own policy.
-    tensors = torch.load(resumed / "checkpoints/step-000004/checkpoint.pt", weights_only=True)
-    init, reference = load_file(model / "base/model.safetensors"), tensors["reference"]
-    assert any(not torch.equal(init[name], reference[name]) for name in init)
-    assert any(not torch.equal(tensors["policy"][name], reference[name]) for name in reference)
-    # Steps 5 and 6 drawn by older weights are held; step 6's, drawn by the checkpoint's own, is requested anew.
-    assert [drawn["step"] for drawn in saved["state"]["in_flight"]] == [4, 5]
-    assert [drawn["version"] for drawn in saved["state"]["in_flight"]] == [2, 3]
-    assert saved["state"]["to_request"] == [6]
-    deadline = time.monotonic() + 60
-    while any(Path(f"/proc/{pid}").exists() for pid in engines) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert engines and not any(Path(f"/proc/{pid}").exists() for pid in engines), "the engine outlived its trainer"
-
-    rerun = subprocess.run(stage_command(params, data, model, resumed), capture_output=True, text=True)
+        rerun = subprocess.run(
+            stage_command(params, data, model, resumed), capture_output=True, text=True, env=ONE_THREAD
+        )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming from {resumed / 'checkpoints/step-000004'} (step 4)" in rerun.stdout + rerun.stderr
     for kind in ("final", "best"):

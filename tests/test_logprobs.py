@@ -174,19 +174,27 @@ def test_chunk_size_must_be_positive(tiny_model, padded_batch):
         get_response_log_probs(tiny_model, padded_batch["input_ids"], padded_batch["labels"], chunk_size=0)
 
 
+def model_on_path(tiny_model, path: str):
+    """A copy of ``tiny_model`` whose log-probs take ``path``: ``chunked`` (its own class) or ``full_logits`` (a
+    subclass, whose forward is not in _PLAIN_HEAD_FORWARDS)."""
+    if path == "chunked":
+        return copy.deepcopy(tiny_model)
+
+    class SubclassedQwen2(type(tiny_model)):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = SubclassedQwen2(tiny_model.config)
+    model.load_state_dict(tiny_model.state_dict())
+    return model
+
+
 @pytest.mark.parametrize("path", ["chunked", "full_logits"])
 def test_temperature_scores_the_tempered_distribution(tiny_model, padded_batch, path):
     """``temperature=T``: log-probs, entropy and gradients are those of ``log_softmax(logits / T)``, the distribution
     a sampler at T draws from, on the chunked path and on the full-logits fallback."""
 
-    class SubclassedQwen2(type(tiny_model)):  # a forward not in _PLAIN_HEAD_FORWARDS: the full-logits path
-        def forward(self, *args, **kwargs):
-            return super().forward(*args, **kwargs)
-
-    model = copy.deepcopy(tiny_model)
-    if path == "full_logits":
-        model = SubclassedQwen2(tiny_model.config)
-        model.load_state_dict(tiny_model.state_dict())
+    model = model_on_path(tiny_model, path)
     temperature = 0.5
     input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
     lean = get_response_log_probs(
@@ -219,14 +227,7 @@ def test_entropy_grad_is_the_gradient_of_the_full_logits_entropy(tiny_model, pad
     (``dH/dz = -p (log p + H)`` in the chunked backward), alone and beside the log-probs' own; the values are those
     without it, bit for bit."""
 
-    class SubclassedQwen2(type(tiny_model)):  # a forward not in _PLAIN_HEAD_FORWARDS: the full-logits path
-        def forward(self, *args, **kwargs):
-            return super().forward(*args, **kwargs)
-
-    model = copy.deepcopy(tiny_model)
-    if path == "full_logits":
-        model = SubclassedQwen2(tiny_model.config)
-        model.load_state_dict(tiny_model.state_dict())
+    model = model_on_path(tiny_model, path)
     input_ids, labels, mask = padded_batch["input_ids"], padded_batch["labels"], padded_batch["response_mask"]
     options = {"return_token_entropy": True, "chunk_size": 3, "temperature": temperature}
     lean = get_response_log_probs(model, input_ids, labels, entropy_grad=True, **options)

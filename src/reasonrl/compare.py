@@ -1,4 +1,8 @@
-"""Experiments side by side: ``python -m reasonrl.compare EXP [EXP …] [--out compare.md] [--html compare.html]``.
+"""Experiments side by side, against a baseline:
+``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``.
+
+``python -m reasonrl.compare no-baseline`` sets the experiment ``no-baseline`` beside ``demo``, the experiment
+``make demo`` records; of several experiments the first is the baseline, unless ``--against`` names one.
 
 Outside the cached pipeline on purpose: which experiments exist, and which ones a reader sets side by side, change
 with no dependency of any stage changing, so a cached page of them would go stale (the report stage describes its
@@ -6,7 +10,7 @@ own run only). Each experiment is named as DVC users name it: an experiment name
 (the files on disk); it is read as DVC stores it, with ``dvc.api`` (its params and its files at that revision).
 
 The page leads with the params that differ, then each route's test accuracy with its 95% interval, the paired test
-of each experiment against the first one per route (the same test questions and seed; the answers of
+of each experiment against the baseline per route (the same test questions and seed; the answers of
 ``reports/final/generations/<route>.jsonl``), and the routes' validation curves overlaid.
 """
 
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.cli import run_stage
+from reasonrl.demo import DEMO
 from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison
 from reasonrl.markdown import code
@@ -47,6 +52,10 @@ TEST_NAMES = {TEST_MCNEMAR: "McNemar exact", TEST_SIGN_FLIP: "exact sign-flip by
 
 class CompareError(UserError):
     """An experiment that cannot be compared: unknown, or missing a file; the message names it."""
+
+
+class UnknownExperimentError(CompareError):
+    """A name that is no experiment, git revision or ``workspace``."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +90,38 @@ def experiment_params(name: str, repo: str | None = None) -> dict[str, Any]:
     try:
         return flatten(dvc.api.params_show(repo=repo, rev=_rev(name)))
     except RevError as error:
-        raise CompareError(
+        raise UnknownExperimentError(
             f"unknown experiment {name!r}: not an experiment name, a git revision or {WORKSPACE!r} ({error}; "
             "`dvc exp list` lists the experiments)"
         ) from None
+
+
+def is_experiment(name: str, repo: str | None = None) -> bool:
+    """Whether ``name`` names a DVC experiment (not a git revision, not the workspace)."""
+    from dvc.repo import Repo
+    from dvc.repo.experiments.utils import resolve_name
+
+    with Repo(repo) as dvc_repo:
+        return resolve_name(dvc_repo.scm, name)[name] is not None
+
+
+def no_results(name: str, repo: str | None = None) -> CompareError:
+    """Why ``name`` has no test results, and what to run, for the workspace, an experiment or a git revision."""
+    if name == WORKSPACE:
+        return CompareError(
+            f"{WORKSPACE}: no {FINAL_METRICS} on disk: `dvc repro` writes it (or `make demo`, the demo recorded as "
+            f"experiment {DEMO!r})"
+        )
+    if is_experiment(name, repo):
+        return CompareError(
+            f"experiment {name!r} has no {FINAL_METRICS}: it did not reach the final_eval stage (it failed, is "
+            "queued or ran only some stages; `dvc exp show` lists its state)"
+        )
+    return CompareError(
+        f"{name!r} is a git revision without the pipeline's results (its dvc.lock records no {FINAL_METRICS}): "
+        f"compare experiments instead: `make demo` records {DEMO!r}, `dvc exp run --name NAME -S key=value` an "
+        "ablation, `dvc exp list` lists them"
+    )
 
 
 def _read_text(fs: Any, path: str) -> str | None:
@@ -94,10 +131,9 @@ def _read_text(fs: Any, path: str) -> str | None:
         return None
 
 
-def parse_final(text: str | None, source: str) -> dict[str, dict[str, Any]]:
-    """The routes' test summaries; a missing file or route raises :class:`CompareError` naming ``source``."""
-    if text is None:
-        raise CompareError(f"{source}: missing (did the experiment finish? `dvc exp show` lists its state)")
+def parse_final(text: str, source: str) -> dict[str, dict[str, Any]]:
+    """The routes' test summaries; a file that is no JSON or lacks a route raises :class:`CompareError` naming
+    ``source``."""
     try:
         final = json.loads(text)
     except json.JSONDecodeError as error:
@@ -134,7 +170,10 @@ def load_experiment(name: str, repo: str | None = None) -> Experiment:
 
     params = experiment_params(name, repo)  # first: it names an unknown experiment
     fs = DVCFileSystem(repo, rev=_rev(name))
-    final = parse_final(_read_text(fs, FINAL_METRICS), f"{name}: {FINAL_METRICS}")
+    text = _read_text(fs, FINAL_METRICS)
+    if text is None:
+        raise no_results(name, repo)
+    final = parse_final(text, f"{name}: {FINAL_METRICS}")
     generations = {r: parse_generations(_read_text(fs, GENERATIONS.format(route=r))) for r in ROUTES}
     curves = {route: read_curve(fs, route, name) for route in TRAINED_ROUTES}
     return Experiment(name, params, final, generations, curves)
@@ -203,15 +242,15 @@ PAIRED_HEADERS = [
     "route",
     "experiment",
     "against",
-    "answers right only in one (experiment / against)",
-    "questions with more right answers (experiment / against)",
+    "right only in (exp / against)",
+    "questions better in (exp / against)",
     "test",
-    "p-value",
+    "p",
 ]
 
 
 def paired_table(experiments: Sequence[Experiment]) -> Table:
-    """Each experiment after the first against the first, route by route."""
+    """Each experiment after the first against the first (the baseline), route by route."""
     reference = experiments[0]
     return Table(PAIRED_HEADERS, [paired_row(route, this, reference) for this in experiments[1:] for route in ROUTES])
 
@@ -230,12 +269,13 @@ def curves_panels(experiments: Sequence[Experiment]) -> list[Panel]:
 
 
 def build_comparison(experiments: Sequence[Experiment], figures: bool = True) -> Report:
-    """The page: changed params, test accuracy, paired tests, and (``figures``) the validation curves."""
+    """The page of the baseline (the first experiment) and the others: changed params, test accuracy, paired tests,
+    and (``figures``) the validation curves."""
     if len(experiments) < 2:
-        raise CompareError("compare needs two or more experiments")
+        raise CompareError("compare needs a baseline and at least one experiment")
     report = Report()
-    names = ", ".join(code(e.name) for e in experiments)
-    report.blocks.append(Heading(1, f"Experiments compared: {names}"))
+    names = ", ".join(code(e.name) for e in experiments[1:])
+    report.blocks.append(Heading(1, f"Experiments compared with {code(experiments[0].name)}: {names}"))
 
     report.blocks.append(Heading(2, "Params that differ"))
     table = params_table(experiments)
@@ -253,9 +293,10 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
     report.blocks.append(
         Paragraph(
             "Answer by answer over the same test questions and samples (`reports/final/generations/<route>.jsonl`): "
-            "with one sample per question McNemar's exact test, with several the exact sign-flip test over the "
-            "per-question differences in right answers (the samples of a question are not independent). A route "
-            "DVC did not rerun has the same answers in both, p = 1."
+            "the answers right in the experiment only / in the baseline only, the questions on which each had more "
+            "right answers, and the p-value: with one sample per question McNemar's exact test, with several the "
+            "exact sign-flip test over the per-question differences in right answers (the samples of a question "
+            "are not independent). A route DVC did not rerun has the same answers in both, p = 1."
         )
     )
 
@@ -272,24 +313,62 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
     return report
 
 
+EXAMPLES = """examples:
+  python -m reasonrl.compare no-baseline                                    # no-baseline against demo
+  python -m reasonrl.compare reference lr-3e-6 lr-3e-5 --html compare.html  # both against reference
+  python -m reasonrl.compare workspace --against no-baseline                # the files on disk against it"""
+
+
+def compared_names(experiments: Sequence[str], against: str | None) -> list[str]:
+    """The baseline, then the other experiments, each once. The baseline is ``against``; by default ``demo`` for one
+    experiment, the first for several (the page of ``compare reference lr-3e-6 lr-3e-5``)."""
+    names = list(dict.fromkeys(experiments))
+    if against is None:
+        against = DEMO if len(names) == 1 else names[0]
+    others = [name for name in names if name != against]
+    if not others:
+        raise CompareError(f"nothing to compare: {against!r} is the baseline; name another experiment")
+    return [against, *others]
+
+
+def load_baseline(name: str) -> Experiment:
+    """The baseline: :func:`load_experiment`, with what to run when the default, ``demo``, is not recorded."""
+    try:
+        return load_experiment(name)
+    except UnknownExperimentError:
+        if name != DEMO:
+            raise
+        raise CompareError(
+            f"no experiment named {DEMO!r} to compare against: `make demo` records it; or name another baseline with "
+            "--against (`dvc exp list` lists the experiments)"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m reasonrl.compare",
-        description="DVC experiments side by side: the params that differ, each route's test accuracy with its 95% "
-        "interval, paired tests per route against the first experiment, and the validation curves.",
+        description="DVC experiments beside a baseline: the params that differ, each route's test accuracy with its\n"
+        "95% interval, paired tests per route against the baseline, and (with --out or --html) the validation\n"
+        "curves. One experiment is compared with `demo`, which `make demo` records; of several, the first is the\n"
+        "baseline; --against names another.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the examples' lines
     )
     parser.add_argument(
-        "experiments", nargs="+", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r}; the first "
-        "is the reference of the paired tests"
+        "experiments", nargs="+", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r} (the files on "
+        "disk)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--against", metavar="BASELINE", help=f"what the others are compared with: experiment name, git revision or "
+        f"{WORKSPACE!r} (default: {DEMO} with one EXP, else the first EXP)"
     )  # fmt: skip
     parser.add_argument(
         "--out", type=Path, help="Markdown page to write; its figures go beside it (compare.md: compare_figures/)"
     )
     parser.add_argument("--html", type=Path, help="self-contained HTML page to write")
     args = parser.parse_args(argv)
-    if len(args.experiments) < 2:
-        parser.error("give two or more experiments")
-    experiments = [load_experiment(name) for name in args.experiments]
+    against, *names = compared_names(args.experiments, args.against)
+    experiments = [load_baseline(against), *(load_experiment(name) for name in names)]
     written = args.out is not None or args.html is not None
     report = build_comparison(experiments, figures=written)
     if not written:

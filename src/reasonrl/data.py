@@ -298,6 +298,11 @@ class Written:
     contaminated: dict[str, list[int]] = field(default_factory=dict)
 
 
+TEST_SETS_INDEX = "index.json"
+"""Beside the test sets: each test set's and benchmark's number of questions, by name (``{}`` without
+``eval.test_sets`` or ``eval.benchmarks``)."""
+
+
 def write_data(
     train: LineSource,
     test: LineSource,
@@ -310,10 +315,11 @@ def write_data(
     decontaminate: bool = False,
 ) -> Written:
     """Write ``train`` (less val, carved by :func:`val_indices`), val and ``test`` to ``out_dir/{train,val,test}.jsonl``
-    and each test set and benchmark to ``test_sets_dir/<name>.jsonl``, streaming, all atomically: any error leaves
-    both directories as they were. ``test_sets_dir`` is apart from the splits: DVC hashes a directory output whole, so
-    a set added to ``out_dir`` would make every stage that reads the splits rerun. Each benchmark is screened for
-    contamination by the train file (val included); ``decontaminate`` leaves its contaminated questions out."""
+    and each test set and benchmark to ``test_sets_dir/<name>.jsonl`` (and :data:`TEST_SETS_INDEX`), streaming, all
+    atomically: any error leaves both directories as they were. ``test_sets_dir`` is apart from the splits: DVC hashes
+    a directory output whole, so a set added to ``out_dir`` would make every stage that reads the splits rerun. Each
+    benchmark is screened for contamination by the train file (val included); ``decontaminate`` leaves its
+    contaminated questions out."""
     written, overlap = Written(), Overlap()
     with atomic_directory(out_dir) as staging, atomic_directory(test_sets_dir) as sets_staging:
         held_out = {"test": write_lines(test(staging), staging / "test.jsonl")}
@@ -353,6 +359,11 @@ def write_data(
         written.counts = {"train": count - len(chosen), "val": len(chosen)}
         written.counts |= {name: keys.total() for name, keys in held_out.items()} | screened
         written.in_train = {name: sum(keys[key] for key in seen[name]) for name, keys in held_out.items()}
+        # DVC warns "'data/test_sets' is empty" each time it saves or hashes an empty output directory (four times
+        # a run without eval.test_sets): the index keeps it from being empty, and says what it holds.
+        sizes = {name: written.counts[f"test set {name}"] for name in test_sets}
+        sizes |= {name: written.counts[f"benchmark {name}"] for name in benchmarks or {}}
+        (sets_staging / TEST_SETS_INDEX).write_text(json.dumps(sizes, indent=2) + "\n", encoding="utf-8")
     return written
 
 

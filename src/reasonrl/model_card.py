@@ -27,6 +27,7 @@ from reasonrl.config import ConfigError, Params, flat_dict, from_dict, parse_yam
 from reasonrl.markdown import code, longest_backticks, md_inline
 from reasonrl.models import MODEL_CARD, TINY
 from reasonrl.prompts import PLACEHOLDER, Prompt, load_prompt
+from reasonrl.repository import git_commit
 from reasonrl.routes import ROUTE, evaluation_prompt, start_model
 from reasonrl.synthetic import arithmetic_problem
 from reasonrl.training import checkpoints
@@ -99,16 +100,6 @@ def gather_provenance(params_file: str | Path, start_model_dir: str | Path, data
         tuple(data_files),
         library_versions(),
     )
-
-
-def git_commit(directory: Path = Path(".")) -> str:
-    """``git rev-parse HEAD`` in ``directory`` (a stage runs in its repository: a queued DVC experiment's too, a
-    temporary repository with a commit of its own), or ``unknown`` outside a repository or without git."""
-    try:
-        shown = subprocess.run(["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True)
-    except OSError:
-        return "unknown"
-    return shown.stdout.strip() if shown.returncode == 0 else "unknown"
 
 
 def committed_params(params_file: Path) -> tuple[Params | None, str]:

