@@ -292,7 +292,7 @@ LAYERS = [
      "reasonrl.logprobs", "reasonrl.losses", "reasonrl.distributed", "reasonrl.lora", "reasonrl.memory",
      "reasonrl.launch"],
     # sampling: the engine, its process, and evaluating with it (whose results the process hands back)
-    ["reasonrl.rollouts", "reasonrl.evaluation"],
+    ["reasonrl.rollouts", "reasonrl.evaluation", "reasonrl.protocols"],
     # the run harness: checkpoints, resuming, the trained models' cards
     ["reasonrl.training", "reasonrl.model_card"],
     # the algorithms

@@ -329,6 +329,17 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ProtocolConfig:
+    """One of ``eval.protocols``: a named way of sampling the final evaluation, beside the unnamed one of ``eval.*``
+    (greedy; avg@16 at temperature 0.6 and top-p 0.95, as the papers report)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    samples: int = 1
+    """Answers per question: with several, the accuracy is avg@k, with pass@k and maj@k beside it."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """``eval``: sampling for every evaluation (baseline, validation during training, final)."""
 
@@ -353,6 +364,10 @@ class EvalConfig:
     decontaminate: bool = False
     """Leave out of each benchmark the questions that share a 13-gram with the training data, or that it asks
     (``reasonrl.contamination``); they are counted either way."""
+    protocols: dict[str, ProtocolConfig] = field(default_factory=dict)
+    """Named sampling protocols, each of which final_eval runs on the test split, every test set and every benchmark
+    (``{greedy: {temperature: 0}, avg16: {temperature: 0.6, top_p: 0.95, samples: 16}}``), beside the unnamed one
+    of the settings above; ``reports/final/metrics.json`` keys their results by name."""
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "eval.temperature", f"must be ≥ 0, got {self.temperature}")
@@ -391,6 +406,32 @@ class EvalConfig:
             _require(
                 benchmark not in self.benchmarks[:index], f"eval.benchmarks[{index}]", f"{benchmark!r} is listed twice"
             )
+        for name, protocol in self.protocols.items():
+            _check_protocol(name, protocol)
+
+    def under(self, protocol: ProtocolConfig) -> EvalConfig:
+        """These settings with ``protocol``'s sampling: its temperature, top-p and samples per question."""
+        return dataclasses.replace(
+            self, temperature=protocol.temperature, top_p=protocol.top_p, samples_per_question=protocol.samples
+        )
+
+
+def _check_protocol(name: str, protocol: ProtocolConfig) -> None:
+    param = f"eval.protocols.{name}"
+    _require(
+        _TEST_SET_NAME.fullmatch(name) is not None,
+        param,
+        "a protocol's name must be letters, digits, _ or - (it names a directory and a metric)",
+    )
+    _require(protocol.temperature >= 0, f"{param}.temperature", f"must be ≥ 0, got {protocol.temperature}")
+    _require(0 < protocol.top_p <= 1, f"{param}.top_p", f"must be in (0, 1], got {protocol.top_p}")
+    _require(protocol.samples >= 1, f"{param}.samples", f"must be ≥ 1, got {protocol.samples}")
+    _require(
+        protocol.samples == 1 or protocol.temperature > 0,
+        f"{param}.samples",
+        f"{protocol.samples} samples at temperature 0 are one greedy answer {protocol.samples} times: set "
+        f"{param}.temperature > 0 or samples: 1",
+    )
 
 
 @dataclass(frozen=True)

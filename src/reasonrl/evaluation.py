@@ -183,32 +183,46 @@ def evaluate(
     return EvalResult(metrics=metrics, records=records)
 
 
+@dataclass(frozen=True)
+class EvalTask:
+    """One held-out set sampled one way, which :func:`evaluate_checkpoints` runs for every model."""
+
+    examples: list[GSM8KExample]
+    config: EvalConfig
+    """The sampling (``eval.*``, or under one of ``eval.protocols``); every question is asked (``num_examples``
+    is ignored)."""
+    rewards: Mapping[str, str] | None = None
+    """Each prompt's reward spec (params' ``rewards``); None: the built-ins."""
+
+
 def evaluate_checkpoints(
     engine: RolloutEngine,
     model_dirs: Mapping[str, str | Path],
-    examples: list[GSM8KExample],
+    tasks: Mapping[str, EvalTask],
     prompt_names: Mapping[str, str],
-    config: EvalConfig,
     seed: int,
-    rewards: Mapping[str, str] | None = None,
-) -> dict[str, EvalResult]:
-    """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
-    ``examples`` with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward
-    (``rewards``, as :func:`evaluate`); one after another in the same engine, with identical sampling settings and
-    seed, each with a progress bar labelled by its name. Each summary records its ``prompt``."""
+) -> dict[str, dict[str, EvalResult]]:
+    """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on each of ``tasks``
+    with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward (the task's
+    ``rewards``, as :func:`evaluate`): ``{task: {model: result}}``. Each model is loaded into the engine once, then
+    every task runs on it with the same seed, so a task's answers do not depend on the tasks before it; a progress
+    bar per task, labelled by model and task. Each summary records its ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
     dtype = getattr(torch, engine.config.dtype)  # the weights only pass through, into the engine
-    full = dataclasses.replace(config, num_examples=None)
-    results = {}
+    results: dict[str, dict[str, EvalResult]] = {task: {} for task in tasks}
     for name, model_dir in model_dirs.items():
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)
         del model
-        result = evaluate(engine, examples, prompt_names[name], full, seed=seed, progress=name, rewards=rewards)
-        results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
+        for task_name, task in tasks.items():
+            full = dataclasses.replace(task.config, num_examples=None)
+            label = name if len(tasks) == 1 else f"{name} {task_name}"
+            prompt = prompt_names[name]
+            result = evaluate(engine, task.examples, prompt, full, seed=seed, progress=label, rewards=task.rewards)
+            results[task_name][name] = EvalResult({**result.metrics, "prompt": prompt}, result.records)
     return results
 
 

@@ -1,0 +1,116 @@
+"""What final_eval evaluates and how its results are filed: every held-out set (the test split, each of
+``eval.test_sets`` and of ``eval.benchmarks``) under the unnamed protocol of ``eval.*`` and under each of
+``eval.protocols``.
+
+Each evaluation has a slot: its protocol (None: the unnamed one), its kind of set and the set's name. The slot names
+the directory of its graded answers under ``reports/final/generations`` (``<route>.jsonl`` for the unnamed protocol
+on the test split, as before protocols existed; ``benchmarks/svamp/<route>.jsonl``;
+``protocols/greedy/benchmarks/svamp/<route>.jsonl``) and the place of its summary in each route's entry of
+``reports/final/metrics.json``: the unnamed protocol's test summary is the entry itself, a set's is under
+``test_sets`` or ``benchmarks``, and a named protocol's are under ``protocols.<name>`` the same way. Without
+``eval.protocols`` and ``eval.benchmarks`` both files are what they were before either existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from reasonrl.benchmarks import BENCHMARKS
+from reasonrl.data import GSM8KExample
+from reasonrl.evaluation import EvalResult, EvalTask, add_paired_comparisons
+from reasonrl.rewards import rewards_for
+
+if TYPE_CHECKING:
+    from reasonrl.config import Params
+
+TEST, TEST_SETS, BENCHMARK_SETS = "test", "test_sets", "benchmarks"
+PROTOCOLS = "protocols"
+"""The key of the named protocols' results in a route's summary, and their directory of graded answers."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one evaluation (every route on one set under one protocol) is filed."""
+
+    protocol: str | None
+    """A name of ``eval.protocols``; None: the unnamed protocol of ``eval.*``."""
+    kind: str
+    """:data:`TEST`, :data:`TEST_SETS` or :data:`BENCHMARK_SETS`."""
+    name: str | None = None
+    """The test set's or benchmark's name; None for the test split."""
+
+    @property
+    def directory(self) -> str:
+        """Its graded answers' directory under the generations directory, ``""`` for the unnamed test split."""
+        parts = [] if self.protocol is None else [PROTOCOLS, self.protocol]
+        parts += [] if self.kind == TEST else [self.kind, str(self.name)]
+        return "/".join(parts)
+
+    def label(self) -> str:
+        """How progress bars and printed results call it: ``svamp (eval.benchmarks) under greedy``."""
+        where = {TEST: "test", TEST_SETS: f"{self.name} (eval.test_sets)", BENCHMARK_SETS: f"{self.name} (benchmark)"}
+        return where[self.kind] + ("" if self.protocol is None else f" under {self.protocol}")
+
+
+def final_tasks(
+    params: Params,
+    test: list[GSM8KExample],
+    test_sets: Mapping[str, list[GSM8KExample]],
+    benchmarks: Mapping[str, list[GSM8KExample]],
+) -> dict[Slot, EvalTask]:
+    """Every evaluation final_eval runs, in order: each protocol (the unnamed one first) on the test split, then each
+    test set, then each benchmark. A set with LaTeX answers is graded by math-verify
+    (:func:`reasonrl.rewards.rewards_for`)."""
+    formats = {test_set.name: test_set.answer_format for test_set in params.eval.test_sets}
+    sets: list[tuple[str, str | None, list[GSM8KExample], dict[str, str]]] = [(TEST, None, test, params.rewards.specs)]
+    sets += [(TEST_SETS, name, examples, rewards_for(formats[name], params.rewards.specs))
+             for name, examples in test_sets.items()]  # fmt: skip
+    sets += [(BENCHMARK_SETS, name, examples, rewards_for(BENCHMARKS[name].answer_format, params.rewards.specs))
+             for name, examples in benchmarks.items()]  # fmt: skip
+    configs = {None: params.eval} | {name: params.eval.under(p) for name, p in params.eval.protocols.items()}
+    return {
+        Slot(protocol, kind, name): EvalTask(examples, config, rewards)
+        for protocol, config in configs.items()
+        for kind, name, examples, rewards in sets
+    }
+
+
+def add_all_paired_comparisons(results: Mapping[Slot, dict[str, EvalResult]], references: Mapping[str, str]) -> None:
+    """Each route against the model it started from (:func:`reasonrl.evaluation.add_paired_comparisons`), in every
+    slot: the same questions, samples and seed, so answers pair up."""
+    for by_route in results.values():
+        add_paired_comparisons(by_route, references)
+
+
+def route_summaries(results: Mapping[Slot, Mapping[str, EvalResult]], params: Params) -> dict[str, dict[str, Any]]:
+    """Each route's entry of ``reports/final/metrics.json``: the unnamed protocol's test summary, its sets under
+    ``test_sets`` and ``benchmarks``, and each named protocol's the same way under ``protocols.<name>`` (with its
+    settings under ``protocol``)."""
+    routes = list(results[Slot(None, TEST)])
+    summaries: dict[str, dict[str, Any]] = {route: dict(results[Slot(None, TEST)][route].metrics) for route in routes}
+    for protocol, settings in params.eval.protocols.items():
+        for route in routes:
+            entry = dict(results[Slot(protocol, TEST)][route].metrics) | {"protocol": asdict(settings)}
+            summaries[route].setdefault(PROTOCOLS, {})[protocol] = entry
+    for slot, by_route in results.items():
+        if slot.kind == TEST:
+            continue
+        for route, result in by_route.items():
+            owner = summaries[route] if slot.protocol is None else summaries[route][PROTOCOLS][slot.protocol]
+            owner.setdefault(slot.kind, {})[slot.name] = result.metrics
+    return summaries
+
+
+def protocol_summaries(final: Mapping[str, Mapping[str, Any]]) -> dict[str | None, dict[str, dict[str, Any]]]:
+    """``reports/final/metrics.json``'s routes (``final``) by protocol: ``{None: final}`` then ``{name: {route:
+    summary}}`` for each named protocol, in the file's order."""
+    names = list(next(iter(final.values())).get(PROTOCOLS, {}))
+    for route, summary in final.items():
+        if list(summary.get(PROTOCOLS, {})) != names:
+            raise ValueError(
+                f"{route}: protocols {list(summary.get(PROTOCOLS, {}))}, expected {names} as the first route has"
+            )
+    named = {name: {route: summary[PROTOCOLS][name] for route, summary in final.items()} for name in names}
+    return {None: dict(final)} | named
