@@ -19,7 +19,6 @@ import yaml
 
 from reasonrl.benchmarks import (
     BENCHMARKS,
-    EXTRACTIONS,
     MIRROR_ENV_VAR,
     Benchmark,
     benchmark_location,
@@ -28,6 +27,7 @@ from reasonrl.benchmarks import (
 from reasonrl.contamination import words
 from reasonrl.data import LATEX, TEST_SETS_INDEX, DataFormatError, load_gsm8k
 from reasonrl.grading import ground_truth_value
+from reasonrl.prompts import EXTRACTIONS
 from reasonrl.rewards import prompt_reward, rewards_for
 from reasonrl.symbolic import gold_parses
 

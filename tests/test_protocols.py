@@ -10,6 +10,7 @@ import yaml
 from reasonrl.config import ConfigError, load_params
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import EvalResult, evaluate_checkpoints
+from reasonrl.prompts import BOXED, answer_text_fn, vote_answer_fn
 from reasonrl.protocols import (
     BENCHMARK_SETS,
     TEST,
@@ -146,3 +147,51 @@ def test_without_protocols_or_benchmarks_a_route_is_its_test_summary_as_before(t
     results = {Slot(None, TEST): {"base": summary([0, 1]), "sft": summary([1, 1])}}
     assert route_summaries(results, params) == {"base": {"accuracy": 0.5}, "sft": {"accuracy": 1.0}}
     assert list(final_tasks(params, [example()], {}, {})) == [Slot(None, TEST)]
+
+
+PI = "The angle is \\boxed{\\frac{\\pi}{2}}"
+PAIR = "In polar form: \\boxed{(3, \\frac{\\pi}{2})}"
+
+
+def test_a_boxed_extraction_reads_the_box_inside_the_answer_block_else_the_prompts_own_reading():
+    r1_zero, question_only = answer_text_fn("r1_zero", BOXED), answer_text_fn("question_only", BOXED)
+    assert r1_zero(f"so </think> <answer> {PI} </answer>") == "\\frac{\\pi}{2}"
+    assert answer_text_fn("r1_zero")(f"so </think> <answer> {PI} </answer>") == PI
+    assert r1_zero("so </think> <answer> (3, \\frac{\\pi}{2}) </answer>") == "(3, \\frac{\\pi}{2})"  # no box: the block
+    assert r1_zero(f"so {PI}, no answer block") is None  # the format's answer is the block
+    assert question_only(f"so {PI}.") == answer_text_fn("question_only")(f"so {PI}.") == "\\frac{\\pi}{2}"
+    assert vote_answer_fn("r1_zero", BOXED)(f"</think> <answer> {PI.replace('pi}', 'pi }')} </answer>") == (
+        "\\frac{\\pi}{2}"
+    )
+    assert vote_answer_fn("r1_zero")(f"</think> <answer> {PAIR} </answer>") is None  # no single number to count
+    assert vote_answer_fn("r1_zero", BOXED)(f"</think> <answer> {PAIR} </answer>") == "(3,\\frac{\\pi}{2})"
+
+
+def test_a_latex_benchmark_is_graded_and_voted_on_its_boxed_answers_with_each_routes_own_prompt(
+    tmp_path, full_scale_params, tiny_model_dir
+):
+    """MATH-500 declares the boxed extraction: each route answers with the prompt it trained with; math-verify
+    grades the boxed LaTeX and the majority vote counts it (the prompts' number reading finds no single number in a
+    pair, so no vote)."""
+
+    class BoxingEngine(Engine):
+        def generate(self, prompts, n, temperature, top_p, seed, **sampling):
+            texts = [f"so </think> <answer> {PAIR} </answer>", f"so {PAIR}."]
+            return [[Sample(texts[i % 2], [1], None, prompt_token_ids=[2], finish="stop_string") for i in range(n)]
+                    for _ in prompts]  # fmt: skip
+
+    params = load(tmp_path, full_scale_params, protocols={"avg2": {"temperature": 0.6, "samples": 2}},
+                  benchmarks=["math500"])  # fmt: skip
+    pair = GSM8KExample("Convert (0,3) to polar coordinates.", "", "\\left( 3, \\frac{\\pi}{2} \\right)")
+    tasks = final_tasks(params, [example()], {}, {"math500": [pair]})
+    assert tasks[Slot("avg2", BENCHMARK_SETS, "math500")].extraction == BOXED
+    prompts = {"sft": "r1_zero", "grpo": "question_only"}
+    models = dict.fromkeys(prompts, tiny_model_dir)
+    results = evaluate_checkpoints(BoxingEngine(), models, tasks, prompts, seed=0)
+    by_route = results[Slot("avg2", BENCHMARK_SETS, "math500")]
+    sft, grpo = by_route["sft"], by_route["grpo"]
+    assert "<think>" in sft.records[0]["prompt"] and "<think>" not in grpo.records[0]["prompt"]
+    assert [r["reward"] for r in sft.records] == [1.0, 0.0]  # the second breaks r1_zero's format
+    assert [r["reward"] for r in grpo.records] == [1.0, 1.0]  # question_only reads the last box of either
+    assert sft.metrics["majority_accuracy"] == grpo.metrics["majority_accuracy"] == 1.0
+    assert [r["answer"] for r in grpo.records] == ["(3,\\frac{\\pi}{2})"] * 2

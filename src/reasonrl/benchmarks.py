@@ -36,15 +36,10 @@ from reasonrl.data import (
     verify_sha256,
 )
 from reasonrl.grading import last_boxed_content
+from reasonrl.prompts import ANSWER, BOXED
 
 MIRROR_ENV_VAR = "BENCHMARK_MIRROR"
 NUMBER = "number"
-ANSWER, BOXED = "answer", "boxed"
-EXTRACTIONS = (ANSWER, BOXED)
-"""Where a benchmark's protocol reads a response's final answer. ``answer``: the prompt's own reading (r1_zero's
-``<answer>`` block, question_only's last ``\\boxed{}`` or last number). ``boxed``: the last ``\\boxed{}`` (within the
-``<answer>`` block when the prompt has one; the block's text when it boxes nothing): a LaTeX answer, which a last
-number would cut short (``\\frac{\\pi}{2}`` → 2)."""
 QWEN_MATH_EVAL = (
     "https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/a45202bd16f1ec06f433442dc1152d0074773465/evaluation/data"
 )
@@ -69,7 +64,9 @@ class Benchmark:
     """``number``: graded by the exact rational grader (:mod:`reasonrl.grading`); ``latex``: by math-verify
     (:mod:`reasonrl.symbolic`)."""
     extraction: str
-    """One of :data:`EXTRACTIONS`."""
+    """Where math-verify reads a response's answer (:data:`reasonrl.prompts.EXTRACTIONS`): ``boxed`` for a LaTeX
+    benchmark, whose answers a model boxes, inside r1_zero's ``<answer>`` block too; the route's prompt and its
+    own reading otherwise. A numeric benchmark is graded by the prompt's reward as configured."""
     question: Reader
     """The question a record asks, from its fields."""
     gold: Reader

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import ANSWER_FNS, load_prompt
+from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
 from reasonrl.rewards import MATH_VERIFY, prompt_reward
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
@@ -138,15 +138,18 @@ def evaluate(
     seed: int | None = None,
     progress: str | None = None,
     rewards: Mapping[str, str] | None = None,
+    extraction: str = ANSWER,
 ) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
     that prompt's reward function, ``rewards[prompt_name]`` (params' ``rewards``; None: the built-in). ``seed``
     makes the sampling repeatable (None: the engine's running stream). ``progress`` labels a progress bar over the
     answers; None (validation inside a training loop, which has its own bar) shows none. The answer a majority vote
-    counts is the prompt's built-in reading of the response, whichever function grades it. Graded by
-    ``math_verify``, the metrics count the answers whose grading ran out of time (``grading_timeouts``: wrong)."""
-    prompt, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
-    reward_fn = prompt_reward(prompt_name, rewards)
+    counts is the prompt's built-in reading of the response, whichever function grades it; with ``extraction``
+    ``boxed`` (a LaTeX benchmark's, :data:`reasonrl.prompts.EXTRACTIONS`) math-verify reads, and the vote counts, the
+    boxed answer (:func:`reasonrl.prompts.vote_answer_fn`). Graded by ``math_verify``, the metrics count the answers
+    whose grading ran out of time (``grading_timeouts``: wrong)."""
+    prompt, answer_fn = load_prompt(prompt_name), vote_answer_fn(prompt_name, extraction)
+    reward_fn = prompt_reward(prompt_name, rewards, extraction=extraction)
     examples = examples[: config.num_examples]
     tokenizer = engine.tokenizer()
     prompts = [prompt.render(example.question, tokenizer) for example in examples]
@@ -193,6 +196,8 @@ class EvalTask:
     is ignored)."""
     rewards: Mapping[str, str] | None = None
     """Each prompt's reward spec (params' ``rewards``); None: the built-ins."""
+    extraction: str = ANSWER
+    """Where math-verify reads each answer (:func:`evaluate`): the set's benchmark declares it."""
 
 
 def evaluate_checkpoints(
@@ -221,7 +226,9 @@ def evaluate_checkpoints(
             full = dataclasses.replace(task.config, num_examples=None)
             label = name if len(tasks) == 1 else f"{name} {task_name}"
             prompt = prompt_names[name]
-            result = evaluate(engine, task.examples, prompt, full, seed=seed, progress=label, rewards=task.rewards)
+            result = evaluate(
+                engine, task.examples, prompt, full, seed, label, rewards=task.rewards, extraction=task.extraction
+            )
             results[task_name][name] = EvalResult({**result.metrics, "prompt": prompt}, result.records)
     return results
 

@@ -13,6 +13,7 @@ on the test split, as before protocols existed; ``benchmarks/svamp/<route>.jsonl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from reasonrl.benchmarks import BENCHMARKS
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import EvalResult, EvalTask, add_paired_comparisons
+from reasonrl.prompts import ANSWER
 from reasonrl.rewards import rewards_for
 
 if TYPE_CHECKING:
@@ -61,19 +63,23 @@ def final_tasks(
     benchmarks: Mapping[str, list[GSM8KExample]],
 ) -> dict[Slot, EvalTask]:
     """Every evaluation final_eval runs, in order: each protocol (the unnamed one first) on the test split, then each
-    test set, then each benchmark. A set with LaTeX answers is graded by math-verify
-    (:func:`reasonrl.rewards.rewards_for`)."""
+    test set, then each benchmark. Every route keeps its own prompt (what it trained with); a set with LaTeX answers
+    is graded by math-verify (:func:`reasonrl.rewards.rewards_for`), reading a response's answer where the
+    benchmark's ``extraction`` says."""
     formats = {test_set.name: test_set.answer_format for test_set in params.eval.test_sets}
-    sets: list[tuple[str, str | None, list[GSM8KExample], dict[str, str]]] = [(TEST, None, test, params.rewards.specs)]
-    sets += [(TEST_SETS, name, examples, rewards_for(formats[name], params.rewards.specs))
+    specs = params.rewards.specs
+    sets: list[tuple[Slot, list[GSM8KExample], dict[str, str], str]] = [(Slot(None, TEST), test, specs, ANSWER)]
+    sets += [(Slot(None, TEST_SETS, name), examples, rewards_for(formats[name], specs), ANSWER)
              for name, examples in test_sets.items()]  # fmt: skip
-    sets += [(BENCHMARK_SETS, name, examples, rewards_for(BENCHMARKS[name].answer_format, params.rewards.specs))
-             for name, examples in benchmarks.items()]  # fmt: skip
+    for name, examples in benchmarks.items():
+        benchmark = BENCHMARKS[name]  # its answers' format and where math-verify reads a response's answer
+        sets.append((Slot(None, BENCHMARK_SETS, name), examples, rewards_for(benchmark.answer_format, specs),
+                     benchmark.extraction))  # fmt: skip
     configs = {None: params.eval} | {name: params.eval.under(p) for name, p in params.eval.protocols.items()}
     return {
-        Slot(protocol, kind, name): EvalTask(examples, config, rewards)
+        dataclasses.replace(slot, protocol=protocol): EvalTask(examples, config, rewards, extraction)
         for protocol, config in configs.items()
-        for kind, name, examples, rewards in sets
+        for slot, examples, rewards, extraction in sets
     }
 
 

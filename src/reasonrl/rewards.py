@@ -35,7 +35,7 @@ from pathlib import Path
 
 from reasonrl.data import LATEX
 from reasonrl.errors import UserError
-from reasonrl.prompts import ANSWER_TEXT_FNS, REWARD_FNS
+from reasonrl.prompts import ANSWER, REWARD_FNS, answer_text_fn
 from reasonrl.symbolic import verdict
 
 RewardFn = Callable[..., dict[str, float]]
@@ -121,12 +121,13 @@ def _tree_package(root: Path) -> None:
         raise
 
 
-def math_verify_reward(prompt: str) -> RewardFn:
+def math_verify_reward(prompt: str, extraction: str = ANSWER) -> RewardFn:
     """``prompt``'s built-in reward with its answer check done by math-verify (:func:`reasonrl.symbolic.verdict`,
-    within its time bound) on the answer text the built-in reads (:data:`~reasonrl.prompts.ANSWER_TEXT_FNS`): a LaTeX
-    ground truth such as ``\\left( 3, \\frac{\\pi}{2} \\right)``. The format check and how the two combine are
-    the built-in's: r1_zero's reward needs both, question_only's the answer. Never raises on its arguments."""
-    builtin, answer_text = REWARD_FNS[prompt], ANSWER_TEXT_FNS[prompt]
+    within its time bound) on the answer text ``extraction`` reads (:func:`~reasonrl.prompts.answer_text_fn`; by
+    default the text the built-in reads): a LaTeX ground truth such as ``\\left( 3, \\frac{\\pi}{2} \\right)``.
+    The format check and how the two combine are the built-in's: r1_zero's reward needs both, question_only's the
+    answer. Never raises on its arguments."""
+    builtin, answer_text = REWARD_FNS[prompt], answer_text_fn(prompt, extraction)
 
     def math_verify_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
         if not isinstance(response, str) or not isinstance(ground_truth, str):
@@ -151,15 +152,17 @@ def rewards_for(answer_format: str, rewards: Mapping[str, str]) -> dict[str, str
     return {prompt: MATH_VERIFY if spec in REWARD_FNS else spec for prompt, spec in rewards.items()}
 
 
-def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
+def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None, extraction: str = ANSWER) -> RewardFn:
     """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call),
-    :data:`MATH_VERIFY` (for ``prompt``), or ``rewards.<module>:<function>`` imported from ``root/rewards``."""
+    :data:`MATH_VERIFY` (for ``prompt``, reading answers as ``extraction`` says), or ``rewards.<module>:<function>``
+    imported from ``root/rewards``. Only math-verify's grading takes an extraction: a built-in reads one number its
+    own way, a user's function the whole response."""
     if spec in REWARD_FNS:
         return REWARD_FNS[spec]
     if spec == MATH_VERIFY:
         if prompt not in REWARD_FNS:
             raise RewardSpecError(f"{MATH_VERIFY} grades a prompt's answers as it reads them; no prompt {prompt!r}")
-        return math_verify_reward(prompt)
+        return math_verify_reward(prompt, extraction)
     module_name, function_name = parse_spec(spec)
     try:
         _tree_package(root)
@@ -258,11 +261,14 @@ def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
     return checked_reward
 
 
-def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None, root: Path = ROOT) -> RewardFn:
+def prompt_reward(
+    prompt: str, rewards: Mapping[str, str] | None = None, root: Path = ROOT, extraction: str = ANSWER
+) -> RewardFn:
     """The function that grades ``prompt``'s responses, each result checked (:func:`checked`): ``rewards[prompt]``
-    (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None."""
+    (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None. ``extraction``: as
+    :func:`reward_fn`."""
     spec = prompt if rewards is None else rewards[prompt]
-    return checked(reward_fn(spec, root, prompt), f"rewards.{prompt}", spec)
+    return checked(reward_fn(spec, root, prompt, extraction), f"rewards.{prompt}", spec)
 
 
 def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
