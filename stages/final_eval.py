@@ -17,7 +17,7 @@ from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
-from reasonrl.protocols import TEST, Slot, add_all_paired_comparisons, final_tasks, route_summaries
+from reasonrl.protocols import UNNAMED_TEST, add_all_paired_comparisons, final_tasks, route_summaries
 from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.routes import ROUTES, TRAINED_ROUTES, evaluation_prompt, prompt_param, start_model
 
@@ -106,7 +106,7 @@ def main() -> None:
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
     add_all_paired_comparisons(results, {route: start_model(params, route) for route in TRAINED_ROUTES})
     # A second, independent grader on every test answer: its disagreements with ours go to the report.
-    disagreements = add_grader_crosschecks(results[Slot(None, TEST)])
+    disagreements = add_grader_crosschecks(results[UNNAMED_TEST])
     with atomic_directory(args.generations) as staging:
         for slot, by_route in results.items():
             directory = staging / slot.directory

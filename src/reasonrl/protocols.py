@@ -50,10 +50,19 @@ class Slot:
         parts += [] if self.kind == TEST else [self.kind, str(self.name)]
         return "/".join(parts)
 
+    @property
+    def set_name(self) -> str:
+        """The set's name in a table: ``test`` for the test split."""
+        return TEST if self.name is None else self.name
+
     def label(self) -> str:
         """How progress bars and printed results call it: ``svamp (eval.benchmarks) under greedy``."""
         where = {TEST: "test", TEST_SETS: f"{self.name} (eval.test_sets)", BENCHMARK_SETS: f"{self.name} (benchmark)"}
         return where[self.kind] + ("" if self.protocol is None else f" under {self.protocol}")
+
+
+UNNAMED_TEST = Slot(None, TEST)
+"""The test split under ``eval.*``: the evaluation the pipeline ran before protocols and benchmarks existed."""
 
 
 def final_tasks(
@@ -120,3 +129,35 @@ def protocol_summaries(final: Mapping[str, Mapping[str, Any]]) -> dict[str | Non
             )
     named = {name: {route: summary[PROTOCOLS][name] for route, summary in final.items()} for name in names}
     return {None: dict(final)} | named
+
+
+def slot_summaries(final: Mapping[str, Mapping[str, Any]]) -> dict[Slot, dict[str, dict[str, Any]]]:
+    """Every slot of ``reports/final/metrics.json`` (``final``: its routes) with each route's summary in it: by
+    protocol (the unnamed one first), then the test split, each test set and each benchmark, in the file's order.
+    A route that lacks a set or protocol the first route has raises ValueError naming both."""
+    slots: dict[Slot, dict[str, dict[str, Any]]] = {}
+    for protocol, by_route in protocol_summaries(final).items():
+        slots[Slot(protocol, TEST)] = dict(by_route)
+        for kind in (TEST_SETS, BENCHMARK_SETS):
+            names = list(next(iter(by_route.values())).get(kind, {}))
+            for route, summary in by_route.items():
+                if list(summary.get(kind, {})) != names:
+                    raise ValueError(f"{route}: {kind} {list(summary.get(kind, {}))}, expected {names} as the first "
+                                     "route has")  # fmt: skip
+            for name in names:
+                slots[Slot(protocol, kind, name)] = {route: summary[kind][name] for route, summary in by_route.items()}
+    return slots
+
+
+def protocol_title(protocol: str | None, summary: Mapping[str, Any], params: Mapping[str, Any]) -> str:
+    """A protocol as tables title it, ``greedy: temperature 0, top-p 1, 1 sample per question``: a named one from one
+    of its summaries (``protocol``), the unnamed one (``eval.*``) from the run's dotted ``params``."""
+    if protocol is None:
+        name = "eval.*"
+        settings = [params.get(f"eval.{key}") for key in ("temperature", "top_p", "samples_per_question")]
+    else:
+        name = protocol
+        settings = [summary["protocol"][key] for key in ("temperature", "top_p", "samples")]
+    temperature, top_p, samples = settings
+    plural = "s" if samples != 1 else ""
+    return f"`{name}`: temperature {temperature:g}, top-p {top_p:g}, {samples} sample{plural} per question"
