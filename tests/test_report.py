@@ -852,7 +852,7 @@ BENCHMARK_SUMMARY = {
 
 
 def test_benchmarks_and_protocols_get_a_table_per_protocol_and_their_accuracy_in_the_headline(
-    reports_dir, tmp_path, undrawn_figures
+    reports_dir, report_params_file, tmp_path, undrawn_figures
 ):
     reports = tmp_path / "reports"
     shutil.copytree(reports_dir, reports)
@@ -873,8 +873,7 @@ def test_benchmarks_and_protocols_get_a_table_per_protocol_and_their_accuracy_in
     (reports / "final" / "metrics.json").write_text(json.dumps(final))
     (reports / "download").mkdir()
     (reports / "download" / "benchmarks.json").write_text(json.dumps(BENCHMARK_SUMMARY))
-    params = tmp_path / "params.yaml"
-    params.write_text("eval:\n  temperature: 1.0\n  top_p: 1.0\n  samples_per_question: 1\n", encoding="utf-8")
+    params = report_params_file  # eval.* left at its defaults, as the unnamed protocol's title says
 
     markdown = render_markdown(build_report(ReportInputs(reports, params, ENVIRONMENT)).blocks, "figures")
     section = markdown[markdown.index("## Benchmarks and protocols") : markdown.index("## Validation accuracy")]

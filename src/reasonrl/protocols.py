@@ -16,16 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reasonrl.benchmarks import BENCHMARKS
+from reasonrl.config import EvalConfig, Params
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import EvalResult, EvalTask, add_paired_comparisons
 from reasonrl.prompts import ANSWER
 from reasonrl.rewards import rewards_for
-
-if TYPE_CHECKING:
-    from reasonrl.config import Params
 
 TEST, TEST_SETS, BENCHMARK_SETS = "test", "test_sets", "benchmarks"
 PROTOCOLS = "protocols"
@@ -153,8 +151,9 @@ def protocol_title(protocol: str | None, summary: Mapping[str, Any], params: Map
     """A protocol as tables title it, ``greedy: temperature 0, top-p 1, 1 sample per question``: a named one from one
     of its summaries (``protocol``), the unnamed one (``eval.*``) from the run's dotted ``params``."""
     if protocol is None:
-        name = "eval.*"
-        settings = [params.get(f"eval.{key}") for key in ("temperature", "top_p", "samples_per_question")]
+        name, defaults = "eval.*", EvalConfig()  # a params file may leave a param at its default
+        keys = ("temperature", "top_p", "samples_per_question")
+        settings = [params.get(f"eval.{key}", getattr(defaults, key)) for key in keys]
     else:
         name = protocol
         settings = [summary["protocol"][key] for key in ("temperature", "top_p", "samples")]
