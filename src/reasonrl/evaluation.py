@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonrl.data import GSM8KExample
 from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
@@ -186,6 +186,9 @@ def evaluate(
     return EvalResult(metrics=metrics, records=records)
 
 
+Key = TypeVar("Key", bound=Hashable)
+
+
 @dataclass(frozen=True)
 class EvalTask:
     """One held-out set sampled one way, which :func:`evaluate_checkpoints` runs for every model."""
@@ -203,21 +206,21 @@ class EvalTask:
 def evaluate_checkpoints(
     engine: RolloutEngine,
     model_dirs: Mapping[str, str | Path],
-    tasks: Mapping[str, EvalTask],
+    tasks: Mapping[Key, EvalTask],
     prompt_names: Mapping[str, str],
     seed: int,
-) -> dict[str, dict[str, EvalResult]]:
+) -> dict[Key, dict[str, EvalResult]]:
     """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on each of ``tasks``
     with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward (the task's
     ``rewards``, as :func:`evaluate`): ``{task: {model: result}}``. Each model is loaded into the engine once, then
     every task runs on it with the same seed, so a task's answers do not depend on the tasks before it; a progress
-    bar per task, labelled by model and task. Each summary records its ``prompt``."""
+    bar per task, labelled by model and task (``str(key)``). Each summary records its ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
     dtype = getattr(torch, engine.config.dtype)  # the weights only pass through, into the engine
-    results: dict[str, dict[str, EvalResult]] = {task: {} for task in tasks}
+    results: dict[Key, dict[str, EvalResult]] = {task: {} for task in tasks}
     for name, model_dir in model_dirs.items():
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)

@@ -54,9 +54,11 @@ class Slot:
         return TEST if self.name is None else self.name
 
     def label(self) -> str:
-        """How progress bars and printed results call it: ``svamp (eval.benchmarks) under greedy``."""
+        """How progress bars and printed results call it: ``svamp (benchmark) under greedy``."""
         where = {TEST: "test", TEST_SETS: f"{self.name} (eval.test_sets)", BENCHMARK_SETS: f"{self.name} (benchmark)"}
         return where[self.kind] + ("" if self.protocol is None else f" under {self.protocol}")
+
+    __str__ = label
 
 
 UNNAMED_TEST = Slot(None, TEST)
