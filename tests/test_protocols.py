@@ -142,6 +142,15 @@ def test_results_are_filed_by_protocol_and_paired_in_each(tmp_path, full_scale_p
     assert list(by_protocol) == [None, "greedy"] and by_protocol["greedy"]["base"]["accuracy"] == 0.25
 
 
+def test_benchmark_questions_asks_each_benchmarks_first_questions_only(tmp_path, full_scale_params):
+    params = load(tmp_path, full_scale_params, benchmarks=["aime24"], benchmark_questions=2)
+    tasks = final_tasks(params, [example()] * 5, {}, {"aime24": [example(str(n)) for n in range(5)]})
+    assert [e.answer for e in tasks[Slot(None, BENCHMARK_SETS, "aime24")].examples] == ["0", "1"]
+    assert len(tasks[Slot(None, TEST)].examples) == 5  # the test split stays whole
+    with pytest.raises(ConfigError, match="eval.benchmark_questions: must be ≥ 1 or null, got 0"):
+        load(tmp_path, full_scale_params, benchmark_questions=0)
+
+
 def test_without_protocols_or_benchmarks_a_route_is_its_test_summary_as_before(tmp_path, full_scale_params):
     params = load(tmp_path, full_scale_params)
     results = {Slot(None, TEST): {"base": summary([0, 1]), "sft": summary([1, 1])}}

@@ -906,6 +906,12 @@ def test_benchmarks_and_protocols_get_a_table_per_protocol_and_their_accuracy_in
     assert headline["protocols"]["avg4"]["benchmark_accuracy"]["svamp"]["grpo"] == avg4["grpo"]["accuracy"]
     assert headline["protocols"]["greedy"]["test_accuracy"] == headline["test_accuracy"]
 
+    assert "first" not in section  # every question asked
+    capped = tmp_path / "capped.yaml"
+    capped.write_text("eval:\n  benchmark_questions: 40\n", encoding="utf-8")
+    markdown = render_markdown(build_report(ReportInputs(reports, capped, ENVIRONMENT)).blocks, "figures")
+    assert "Each benchmark's first 40 questions only (`eval.benchmark_questions`): a quick look" in markdown
+
     (reports / "download" / "benchmarks.json").unlink()
     markdown = render_markdown(build_report(ReportInputs(reports, params, ENVIRONMENT)).blocks, "figures")
     assert "Contamination not shown: `" in markdown and "download/benchmarks.json` is missing." in markdown

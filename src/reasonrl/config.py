@@ -364,6 +364,9 @@ class EvalConfig:
     decontaminate: bool = False
     """Leave out of each benchmark the questions that share a 13-gram with the training data, or that it asks
     (``reasonrl.contamination``); they are counted either way."""
+    benchmark_questions: int | None = None
+    """final_eval asks only the first N questions of each benchmark (null: all of them): for a quick look or a test,
+    whose numbers are then not the benchmark's (the report says so)."""
     protocols: dict[str, ProtocolConfig] = field(default_factory=dict)
     """Named sampling protocols, each of which final_eval runs on the test split, every test set and every benchmark
     (``{greedy: {temperature: 0}, avg16: {temperature: 0.6, top_p: 0.95, samples: 16}}``), beside the unnamed one
@@ -406,6 +409,11 @@ class EvalConfig:
             _require(
                 benchmark not in self.benchmarks[:index], f"eval.benchmarks[{index}]", f"{benchmark!r} is listed twice"
             )
+        _require(
+            self.benchmark_questions is None or self.benchmark_questions >= 1,
+            "eval.benchmark_questions",
+            f"must be ≥ 1 or null, got {self.benchmark_questions}",
+        )
         for name, protocol in self.protocols.items():
             _check_protocol(name, protocol)
 

@@ -72,9 +72,9 @@ def final_tasks(
     benchmarks: Mapping[str, list[GSM8KExample]],
 ) -> dict[Slot, EvalTask]:
     """Every evaluation final_eval runs, in order: each protocol (the unnamed one first) on the test split, then each
-    test set, then each benchmark. Every route keeps its own prompt (what it trained with); a set with LaTeX answers
-    is graded by math-verify (:func:`reasonrl.rewards.rewards_for`), reading a response's answer where the
-    benchmark's ``extraction`` says."""
+    test set, then each benchmark (its first ``eval.benchmark_questions``). Every route keeps its own prompt (what
+    it trained with); a set with LaTeX answers is graded by math-verify (:func:`reasonrl.rewards.rewards_for`),
+    reading a response's answer where the benchmark's ``extraction`` says."""
     formats = {test_set.name: test_set.answer_format for test_set in params.eval.test_sets}
     specs = params.rewards.specs
     sets: list[tuple[Slot, list[GSM8KExample], dict[str, str], str]] = [(Slot(None, TEST), test, specs, ANSWER)]
@@ -82,7 +82,8 @@ def final_tasks(
              for name, examples in test_sets.items()]  # fmt: skip
     for name, examples in benchmarks.items():
         benchmark = BENCHMARKS[name]  # its answers' format and where math-verify reads a response's answer
-        sets.append((Slot(None, BENCHMARK_SETS, name), examples, rewards_for(benchmark.answer_format, specs),
+        asked = examples[: params.eval.benchmark_questions]
+        sets.append((Slot(None, BENCHMARK_SETS, name), asked, rewards_for(benchmark.answer_format, specs),
                      benchmark.extraction))  # fmt: skip
     configs = {None: params.eval} | {name: params.eval.under(p) for name, p in params.eval.protocols.items()}
     return {

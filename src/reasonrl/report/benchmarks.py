@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.protocols import BENCHMARK_SETS, TEST, Slot, protocol_title
-from reasonrl.report.document import Heading, Paragraph, Report, Table
+from reasonrl.report.document import Heading, Note, Paragraph, Report, Table
 from reasonrl.report.inputs import ReportInputError, load_json
 from reasonrl.report.tables import format_accuracy, interval_name, percent
 from reasonrl.report.verdict import format_p_value
@@ -102,6 +102,13 @@ def benchmarks_section(
             "`protocols/<name>/`)."
         )
     )
+    if (questions := params.get("eval.benchmark_questions")) is not None:
+        report.blocks.append(
+            Note(
+                f"Each benchmark's first {questions} questions only (`eval.benchmark_questions`): a quick look, not "
+                "the benchmark's numbers."
+            )
+        )
     for protocol, sets in grouped.items():
         any_summary = next(iter(sets[TEST].values()))
         report.blocks.append(Heading(3, protocol_title(protocol, any_summary, params)))
