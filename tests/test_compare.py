@@ -17,6 +17,7 @@ from reasonrl.compare import (
     paired_row,
     params_table,
     parse_final,
+    parse_generations,
 )
 from reasonrl.evaluation import summarize
 from reasonrl.protocols import BENCHMARK_SETS, TEST, UNNAMED_TEST, Slot
@@ -160,6 +161,13 @@ def test_benchmarks_and_protocols_get_a_table_each_with_the_paired_test_per_benc
         against_demo
     )
     assert "## Benchmarks and protocols" not in render_markdown(build_comparison([demo, demo], figures=False).blocks)
+
+
+def test_answers_are_read_a_line_per_newline_whatever_the_model_wrote():
+    """A model's answer may hold U+2028 or U+0085, which JSON leaves unescaped and ``str.splitlines`` would split."""
+    records = [{"question_index": 0, "response": "a\u2028b\x85c\x1c"}, {"question_index": 1, "response": "d"}]
+    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    assert parse_generations(text) == records
 
 
 def test_experiment_names_are_drawn_as_written(monkeypatch):

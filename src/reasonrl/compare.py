@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.cli import run_stage
+from reasonrl.data import jsonl_lines
 from reasonrl.demo import DEMO
 from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison
@@ -165,7 +166,7 @@ def generations_path(slot: Slot, route: str) -> str:
 
 
 def parse_generations(text: str | None) -> list[dict[str, Any]] | None:
-    return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
+    return None if text is None else [json.loads(line) for line in jsonl_lines(text) if line.strip()]
 
 
 def read_curve(fs: Any, route: str, source: str) -> list[tuple[int, float]] | None:
