@@ -32,8 +32,14 @@ demo: setup
 	$(BIN)/dvc exp save --name demo --force --quiet
 	@$(BIN)/python -m reasonrl.demo headline --since $(STARTED)
 
+# Two workers, a test file each at a time (--dist loadfile: a module's fixture, often a pipeline run, is built
+# once). Most of a test is single-threaded start-up (imports, vLLM's engine, DVC), which a second worker overlaps.
+# Files go out in collection order, so test_ablation_e2e.py, the longest, starts first (xdist's default order, most
+# tests first, started its eight tests last and left one worker running them alone).
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"

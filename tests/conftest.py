@@ -4,7 +4,14 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
+# Under pytest-xdist (`make test`: two workers) each worker gets its share of the cores, set before torch starts its
+# thread pool and inherited by every stage, engine and torchrun it starts: OpenMP threads of two processes on the
+# same cores stall at every barrier waiting for a displaced thread, which made kernels many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+import pytest  # noqa: E402  (after the thread count: the imports below start torch)
 
 from reasonrl.benchmarks import BENCHMARKS
 from reasonrl.benchmarks import MIRROR_ENV_VAR as BENCHMARK_MIRROR_ENV_VAR

@@ -80,8 +80,11 @@ def make_pipeline_repo(
         if (REPO / name).is_file() and not is_pipeline_result(name):
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, clone / name)
+    # As a user's shell runs them: without what an in-process engine of this test process (pytest-xdist runs other
+    # test files in it first) left in its environment, VLLM_DIST_IDENT, which every stage's vLLM would warn about.
+    inherited = {name: value for name, value in os.environ.items() if name != "VLLM_DIST_IDENT"}
     env = {
-        **os.environ,
+        **inherited,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@t",

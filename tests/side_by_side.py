@@ -25,3 +25,8 @@ def alongside(command: list[str], log: Path) -> Iterator[None]:
         finally:
             returncode = process.wait()
     assert returncode == 0, f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}"
+
+
+def started_to_be_killed(command: list[str]) -> subprocess.Popen:
+    """``command`` started with :data:`ONE_THREAD`, its output dropped: the run a test kills and resumes."""
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)

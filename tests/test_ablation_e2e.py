@@ -14,6 +14,7 @@ from pipeline_repo import (
     EXAMPLE_DATA,
     EXAMPLE_FIELDS,
     EXAMPLE_SHA256,
+    REPO,
     TINY_PIPELINE_OVERRIDES,
     make_pipeline_repo,
     run,
@@ -41,6 +42,24 @@ def experiment_names(clone, env) -> set[str]:
 def run_all_output(command: list[str], clone, env) -> subprocess.CompletedProcess:
     """``command`` with its stdout and stderr together, as a terminal shows them."""
     return subprocess.run(command, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def readme_flow() -> list[str]:
+    """The commands of the README's "From the demo to an ablation and its comparison" block, comments dropped."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## From the demo to an ablation and its comparison\n", 1)[1].split("```bash\n", 1)[1]
+    return [line.split("  #", 1)[0].strip() for line in block.split("```", 1)[0].splitlines()]
+
+
+def in_users_shell(command: str, clone, env) -> subprocess.CompletedProcess:
+    """``command`` in bash after the README's ``source .venv/bin/activate``, from a PATH without this venv's bin (a
+    user's shell): a stage command's ``python`` is found only through the activation."""
+    venv_bin = Path(sys.executable).parent
+    path = [entry for entry in env["PATH"].split(":") if Path(entry) != venv_bin]
+    (clone / ".venv").unlink(missing_ok=True)
+    (clone / ".venv").symlink_to(venv_bin.parent)  # what `make setup` makes; git-ignored
+    shell = {**env, "PATH": ":".join(path)}
+    return run_all_output(["bash", "-c", f"source .venv/bin/activate && {command}"], clone, shell)
 
 
 def make_demo(clone, env) -> subprocess.CompletedProcess:
@@ -88,12 +107,17 @@ def test_the_demo_then_an_ablation_then_its_comparison_as_the_readme_runs_them(r
     assert again.returncode == 0 and "Running stage" not in again.stdout, again.stdout
     assert again.stdout[again.stdout.index("Test accuracy on") :].splitlines()[:7] == table.splitlines()[:7]
 
-    run(["dvc", "exp", "run", "--name", "no-baseline", "-S", "grpo.loss_type=no_baseline"], clone, env)
+    demo_line, activate, ablation, comparison = readme_flow()
+    assert demo_line == "make setup && make demo" and activate == "source .venv/bin/activate"
+    assert ablation == "dvc exp run --name no-baseline -S grpo.loss_type=no_baseline"  # what this test checks
+    assert comparison == "python -m reasonrl.compare no-baseline"
+    ablated = in_users_shell(ablation, clone, env)
+    assert ablated.returncode == 0, ablated.stdout
     assert {"demo", "no-baseline"} <= experiment_names(clone, env)
     refused = make_demo(clone, env)  # the ablation's value left in params.yaml would become the demo's
     assert refused.returncode != 0 and 'params.yaml sets grpo.loss_type: "no_baseline", unlike' in refused.stdout
 
-    compared = run_all_output(["python", "-m", "reasonrl.compare", "no-baseline"], clone, env)
+    compared = in_users_shell(comparison, clone, env)
     print(compared.stdout)
     assert compared.returncode == 0, compared.stdout
     page = compared.stdout

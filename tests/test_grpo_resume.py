@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from side_by_side import ONE_THREAD, alongside
+from side_by_side import ONE_THREAD, alongside, started_to_be_killed
 from transformers import AutoModelForCausalLM
 
 from reasonrl.cli import open_live
@@ -102,12 +102,7 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     root, params, data, model = stage_inputs
     uninterrupted, resumed = root / "uninterrupted", root / "resumed"
     with alongside(stage_command(params, data, model, uninterrupted), root / "uninterrupted.log"):
-        process = subprocess.Popen(
-            stage_command(params, data, model, resumed),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=ONE_THREAD,
-        )
+        process = started_to_be_killed(stage_command(params, data, model, resumed))
         checkpoints, deadline = resumed / "checkpoints", time.monotonic() + 300
         wait_for(checkpoints / "step-000002", deadline)
         shutil.copytree(checkpoints / "step-000002", root / "step-000002")  # before step 4's replaces it
@@ -230,12 +225,7 @@ def test_asynchronous_run_resumes_with_its_batches_in_flight(stage_inputs, tmp_p
     apply_to_file({"grpo.max_staleness": 2, "grpo.rollout_is_cap": 2.0, "grpo.n_grpo_steps": 7}, params)
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
     with alongside(stage_command(params, data, model, uninterrupted), tmp_path / "uninterrupted.log"):
-        process = subprocess.Popen(
-            stage_command(params, data, model, resumed),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=ONE_THREAD,
-        )
+        process = started_to_be_killed(stage_command(params, data, model, resumed))
         wait_for(resumed / "checkpoints" / "step-000004", time.monotonic() + 300)
         engines = child_pids(process.pid)
         os.kill(process.pid, signal.SIGKILL)

@@ -26,6 +26,7 @@ def logits(model, tokenizer) -> torch.Tensor:
 
 
 def trained_lora_policy(model_dir, config=LORA, steps=3, gradient_checkpointing=False):
+    torch.manual_seed(0)  # the adapters' initialisation draws from the global generator, whatever ran before
     policy, tokenizer = load_policy(
         model_dir, torch.device("cpu"), gradient_checkpointing=gradient_checkpointing, lora=config.lora
     )
@@ -115,11 +116,16 @@ def test_saved_and_best_models_are_plain_merged_directories(tiny_model_dir, tmp_
     save_policy(policy, tokenizer, tmp_path / "final")
     save_policy(policy, tokenizer, tmp_path / "best", best.state_dict)
     expected = logits(policy, tokenizer)
+    # The merged model computes (W + BA)x where the adapters computed Wx + B(Ax): equal up to rounding (1.8e-5 seen
+    # in one order of the suite's tests), which is far below what the adapters changed.
+    tolerance = 1e-4
+    untrained = logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer)
+    assert (untrained - expected).abs().max() > 100 * tolerance
     for name in ("final", "best"):
         assert not list((tmp_path / name).glob("adapter_*")), "a merged model, not an adapter"
         reloaded, missing = AutoModelForCausalLM.from_pretrained(tmp_path / name, output_loading_info=True)
         assert not any(missing.values()), missing
-        torch.testing.assert_close(logits(reloaded, tokenizer), expected)
+        torch.testing.assert_close(logits(reloaded, tokenizer), expected, rtol=tolerance, atol=tolerance)
 
 
 def test_the_memory_plan_counts_gradients_and_adamw_for_the_adapters_only(tiny_model_dir):

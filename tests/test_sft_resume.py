@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from side_by_side import ONE_THREAD, alongside
+from side_by_side import ONE_THREAD, alongside, started_to_be_killed
 from transformers import AutoModelForCausalLM
 
 from reasonrl.models import MODEL_CARD
@@ -70,7 +70,7 @@ def sft_command(inputs, model: Path, out: Path) -> list[str]:
 
 def kill_and_rerun(command: list[str], checkpoint: Path) -> str:
     """Run ``command``, SIGKILL it once ``checkpoint`` is on disk, rerun it to the end; the rerun's log."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ONE_THREAD)
+    process = started_to_be_killed(command)
     deadline = time.monotonic() + 300
     while not checkpoint.is_dir() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -35,6 +35,22 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_STAGES = {"baseline", "sft", "expert_iteration", "grpo", "final_eval"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def snakemake_globals_restored():
+    """A Snakemake workflow built in this process writes its Snakefile's globals into ``snakemake.workflow``'s own,
+    ``storage`` among them, an object whose every attribute (``__dict__`` too) is a storage proxy. vLLM's start-up
+    scans each module's namespace and reads ``vars(value).get``: a later in-process engine in this worker then fails
+    to start (test_lora did, under pytest-xdist). The workflow's globals go when this module's tests are done."""
+    import snakemake.workflow
+
+    before = dict(vars(snakemake.workflow))
+    yield
+    for name in set(vars(snakemake.workflow)) - set(before):
+        delattr(snakemake.workflow, name)
+    for name, value in before.items():
+        setattr(snakemake.workflow, name, value)
+
+
 @pytest.fixture
 def workflow_copy(tmp_path: Path, full_scale_params: str):
     """Makes the Snakefile, dvc.yaml and the committed params.yaml (with overrides; ``make demo`` rewrites the

@@ -33,8 +33,9 @@ DEMO = "demo"
 NEXT_STEPS = f"""\
 report: reports/report.html (Markdown: reports/report.md); recorded as the DVC experiment `{DEMO}`
 next, an ablation (reruns the GRPO stages) and its comparison with the demo:
-  .venv/bin/dvc exp run --name no-baseline -S grpo.loss_type=no_baseline
-  .venv/bin/python -m reasonrl.compare no-baseline"""
+  source .venv/bin/activate
+  dvc exp run --name no-baseline -S grpo.loss_type=no_baseline
+  python -m reasonrl.compare no-baseline"""
 
 
 class DemoError(UserError):
