@@ -1,10 +1,13 @@
 """Stage download: GSM8K (verified, validated), the synthetic arithmetic set or the user's own jsonl files, all
-written in GSM8K's format → ``train/val/test.jsonl``; each of ``eval.test_sets`` → ``<test-sets>/<name>.jsonl``.
-Warns of held-out questions that the training data asks too."""
+written in GSM8K's format → ``train/val/test.jsonl``; each of ``eval.test_sets`` and ``eval.benchmarks`` →
+``<test-sets>/<name>.jsonl``. Warns of held-out questions that the training data asks too; screens each benchmark for
+contamination by the training data (``--benchmarks-summary``)."""
 
 import sys
 from functools import partial
 
+from reasonrl.atomic import atomic_write_json
+from reasonrl.benchmarks import BENCHMARKS, Tally, benchmark_lines, benchmark_summary, summary_lines
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.data import given_lines, gsm8k_lines, jsonl_file_lines, resolve_source, write_data
@@ -14,7 +17,12 @@ from reasonrl.synthetic import arithmetic_lines
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--out", required=True, help="output directory for train/val/test.jsonl")
-    parser.add_argument("--test-sets", required=True, help="output directory for one <name>.jsonl per eval.test_sets")
+    parser.add_argument(
+        "--test-sets", required=True, help="output directory for one <name>.jsonl per eval.test_sets and benchmark"
+    )
+    parser.add_argument(
+        "--benchmarks-summary", required=True, help="JSON to write: each benchmark's counts and contaminated questions"
+    )
     args = parser.parse_args()
     params = load_params(args.params)
     data, cap = params.data, params.data.max_download_bytes
@@ -43,8 +51,20 @@ def main() -> None:
         )
         for index, test_set in enumerate(params.eval.test_sets)
     }
-    written = write_data(train, test, test_sets, data.val_size, data.split_seed, args.out, args.test_sets)
+    tallies = {name: Tally() for name in params.eval.benchmarks}
+    benchmarks = {
+        name: partial(benchmark_lines, BENCHMARKS[name], params.eval.benchmark_mirror, cap, tallies[name])
+        for name in params.eval.benchmarks
+    }
+    written = write_data(
+        train, test, test_sets, data.val_size, data.split_seed, args.out, args.test_sets,
+        benchmarks, params.eval.decontaminate,
+    )  # fmt: skip
+    summary = benchmark_summary(tallies, written.contaminated, params.eval.decontaminate)
+    atomic_write_json(args.benchmarks_summary, summary)
     print(f"{data.name} from {source}: " + ", ".join(f"{split} {count}" for split, count in written.counts.items()))
+    for line in summary_lines(summary):
+        print(line)
     for held_out, count in written.in_train.items():
         if count:
             print(

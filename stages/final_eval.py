@@ -1,7 +1,9 @@
 """Stage final_eval: every route's model on the whole test split, identical sampling and seed, each with the prompt
 (and that prompt's reward, ``rewards.<prompt>``) it was trained with: ``sft.prompt``, ``ei.prompt`` and ``grpo.prompt``;
-the base model with ``sft.prompt``, the prompt SFT starts it on. Then the same on each of ``eval.test_sets``, reported
-under the route's ``test_sets``."""
+the base model with ``sft.prompt``, the prompt SFT starts it on. Then the same on each of ``eval.test_sets`` and
+``eval.benchmarks``, reported under the route's ``test_sets`` and ``benchmarks`` (a set with LaTeX answers graded by
+math-verify); and all of it again under each of ``eval.protocols``, under the route's ``protocols``
+(``reasonrl.protocols``)."""
 
 from pathlib import Path
 
@@ -12,9 +14,10 @@ from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, Params, load_params
 from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
-from reasonrl.evaluation import EvalResult, add_paired_comparisons, evaluate_checkpoints
+from reasonrl.evaluation import EvalResult, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
+from reasonrl.protocols import UNNAMED_TEST, add_all_paired_comparisons, final_tasks, route_summaries
 from reasonrl.rollouts.engine import RolloutEngine
 from reasonrl.routes import ROUTES, TRAINED_ROUTES, evaluation_prompt, prompt_param, start_model
 
@@ -49,12 +52,12 @@ def training_prompts(models: dict[str, Path], params: Params) -> dict[str, str]:
     return prompts
 
 
-def load_test_sets(directory: Path, names: list[str]) -> dict[str, list[GSM8KExample]]:
-    """Each of ``eval.test_sets`` as the download stage wrote it."""
+def load_test_sets(directory: Path, names: list[str], param: str) -> dict[str, list[GSM8KExample]]:
+    """Each set of ``param`` (``eval.test_sets`` or ``eval.benchmarks``) as the download stage wrote it."""
     paths = {name: directory / f"{name}.jsonl" for name in names}
     for name, path in paths.items():
         if not path.is_file():
-            raise DataFormatError(f"{path}: missing, though eval.test_sets names {name}; run the download stage")
+            raise DataFormatError(f"{path}: missing, though {param} names {name}; run the download stage")
     return {name: load_gsm8k(path) for name, path in paths.items()}
 
 
@@ -73,10 +76,14 @@ def print_results(results: dict[str, EvalResult], split: str) -> None:
 def main() -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--data", required=True, help="directory with test.jsonl")
-    parser.add_argument("--test-sets", required=True, help="directory with one <name>.jsonl per eval.test_sets")
+    parser.add_argument(
+        "--test-sets", required=True, help="directory with one <name>.jsonl per eval.test_sets and eval.benchmarks"
+    )
     parser.add_argument("--model", action="append", required=True, help="NAME=DIRECTORY, once per model")
     parser.add_argument("--metrics", required=True, help="metrics JSON to write (one summary per model)")
-    parser.add_argument("--generations", required=True, help="directory for one <name>.jsonl per model")
+    parser.add_argument(
+        "--generations", required=True, help="directory for one <name>.jsonl per model (per set and protocol below it)"
+    )
     parser.add_argument(
         "--crosscheck", required=True, help="JSON to write: each model's answers math-verify grades differently"
     )
@@ -89,42 +96,27 @@ def main() -> None:
     for name, prompt in prompts.items():
         check_prompt(prompt, prompt_param(name), tokenizer, first)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
-    held_out = load_test_sets(Path(args.test_sets), [test_set.name for test_set in params.eval.test_sets])
+    test_sets = load_test_sets(Path(args.test_sets), [s.name for s in params.eval.test_sets], "eval.test_sets")
+    benchmarks = load_test_sets(Path(args.test_sets), params.eval.benchmarks, "eval.benchmarks")
+    tasks = final_tasks(params, test, test_sets, benchmarks)
 
-    # One engine for all models: each is loaded into it in place, so all share the engine's sampling stream.
+    # One engine for all models: each is loaded into it in place, and every evaluation is seeded alike.
     engine = RolloutEngine(first, params.rollout)
-    results = evaluate_checkpoints(
-        engine, models, test, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
-    )
+    results = evaluate_checkpoints(engine, models, tasks, prompts, seed=params.rollout.seed)
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
-    references = {route: start_model(params, route) for route in TRAINED_ROUTES}
-    add_paired_comparisons(results, references)
-    # A second, independent grader on every answer: its disagreements with ours go to the report.
-    disagreements = add_grader_crosschecks(results)
-    # The extra held-out sets with the same models, prompts, sampling and seed as the test split.
-    set_results = {}
-    for set_name, examples in held_out.items():
-        set_results[set_name] = evaluate_checkpoints(
-            engine, models, examples, prompts, params.eval, seed=params.rollout.seed, rewards=params.rewards.specs
-        )
-        add_paired_comparisons(set_results[set_name], references)
-    if set_results:
-        for name, result in results.items():
-            result.metrics["test_sets"] = {
-                set_name: by_route[name].metrics for set_name, by_route in set_results.items()
-            }
+    add_all_paired_comparisons(results, {route: start_model(params, route) for route in TRAINED_ROUTES})
+    # A second, independent grader on every test answer: its disagreements with ours go to the report.
+    disagreements = add_grader_crosschecks(results[UNNAMED_TEST])
     with atomic_directory(args.generations) as staging:
-        for name, result in results.items():
-            atomic_write_jsonl(staging / f"{name}.jsonl", result.records)
-        for set_name, by_route in set_results.items():
-            (staging / "test_sets" / set_name).mkdir(parents=True)
+        for slot, by_route in results.items():
+            directory = staging / slot.directory
+            directory.mkdir(parents=True, exist_ok=True)
             for name, result in by_route.items():
-                atomic_write_jsonl(staging / "test_sets" / set_name / f"{name}.jsonl", result.records)
+                atomic_write_jsonl(directory / f"{name}.jsonl", result.records)
     atomic_write_json(args.crosscheck, disagreements)
-    atomic_write_json(args.metrics, {name: result.metrics for name, result in results.items()})
-    print_results(results, "test")
-    for set_name, by_route in set_results.items():
-        print_results(by_route, f"{set_name} (eval.test_sets)")
+    atomic_write_json(args.metrics, route_summaries(results, params))
+    for slot, by_route in results.items():
+        print_results(by_route, slot.label())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
 
 import pytest  # noqa: E402  (after the thread count: the imports below start torch)
 
+from reasonrl.benchmarks import BENCHMARKS
+from reasonrl.benchmarks import MIRROR_ENV_VAR as BENCHMARK_MIRROR_ENV_VAR
 from reasonrl.config import DataConfig, TinyModelSpec
 from reasonrl.data import MIRROR_ENV_VAR, SPLITS, DataFormatError, download, verify_sha256
 from reasonrl.tiny_model import build_tiny_model, train_tokenizer
@@ -23,6 +25,10 @@ TOKENIZER_TEXTS = [
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it.",
     "</think> <answer> 72 </answer>",
 ] * 4
+
+
+MIRRORED_BENCHMARKS = tuple(name for name in BENCHMARKS if name != "math500")
+"""The benchmarks with an offline copy: MATH-500's file is a Git LFS object, tested on hand-made records."""
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +61,33 @@ def gsm8k_mirror(request):
                 pytest.skip(f"GSM8K not reachable ({error}); set ${MIRROR_ENV_VAR} to a directory with its files")
             verify_sha256(partial, defaults.sha256[split], location, f"data.sha256.{split}")
             partial.replace(cache / f"{split}.jsonl")  # whole files only: a killed download leaves a .part
+    return cache
+
+
+@pytest.fixture(scope="session")
+def benchmark_mirror(request):
+    """A directory with ``<name>/test.jsonl`` of every benchmark that has an offline copy (all but MATH-500):
+    ``$BENCHMARK_MIRROR`` if set (CI points it at a local copy), else the pinned files downloaded once into pytest's
+    cache, checksum-verified; offline, the test is skipped."""
+    if BENCHMARK_MIRROR_ENV_VAR in os.environ:
+        path = Path(os.environ[BENCHMARK_MIRROR_ENV_VAR])
+        missing = [name for name in MIRRORED_BENCHMARKS if not (path / name / "test.jsonl").is_file()]
+        if missing:
+            pytest.fail(f"${BENCHMARK_MIRROR_ENV_VAR}={path} has no {', '.join(missing)} (<name>/test.jsonl)")
+        return path
+    cache = request.config.cache.mkdir("benchmarks")
+    for name in MIRRORED_BENCHMARKS:
+        benchmark, final = BENCHMARKS[name], cache / name / "test.jsonl"
+        if final.is_file():
+            continue
+        final.parent.mkdir(exist_ok=True)
+        partial = final.with_suffix(".jsonl.part")
+        try:
+            download(benchmark.url, partial, DataConfig().max_download_bytes, "is this machine offline?")
+        except DataFormatError as error:
+            pytest.skip(f"benchmark {name} not reachable ({error}); set ${BENCHMARK_MIRROR_ENV_VAR} to a directory")
+        verify_sha256(partial, benchmark.sha256, benchmark.url, "its pinned SHA-256", release=f"benchmark {name}")
+        partial.replace(final)  # whole files only: a killed download leaves a .part
     return cache
 
 

@@ -166,6 +166,90 @@ def test_the_demo_then_an_ablation_then_its_comparison_as_the_readme_runs_them(r
     assert "Data and pipelines are up to date" in run(["dvc", "status"], clone, env)
 
 
+PROTOCOLS = "{greedy: {temperature: 0}, avg2: {temperature: 0.6, top_p: 0.95, samples: 2}}"
+
+
+def test_benchmarks_under_two_protocols_as_an_experiment_beside_the_demo(repo, benchmark_mirror, tmp_path):
+    """Issue 33 as a user runs it: ``dvc exp run -S eval.benchmarks=[svamp,aime24] -S ++eval.protocols=…`` reruns
+    download, final_eval and the report only; every route is evaluated on the test split and both benchmarks under
+    ``eval.*`` and each protocol, and the metrics, the headline, the report and ``reasonrl.compare`` (against the
+    demo) hold them, each accuracy with its interval and the paired tests."""
+    from reasonrl.report.tables import format_accuracy
+
+    clone, env = repo
+    run(["git", "checkout", "--", "params.yaml"], clone, env)  # the preset, without the earlier tests' -S values
+    demo = json.loads((clone / "reports/final/metrics.json").read_text())  # the no-baseline run's, but for GRPO
+    env = {**env, "BENCHMARK_MIRROR": str(benchmark_mirror)}
+    # `++`: eval.protocols is an empty mapping in params.yaml, to which Hydra (DVC's -S) adds keys only so; svamp's
+    # first 16 questions of 1000 keep the test short
+    overrides = ["-S", "eval.benchmarks=[svamp,aime24]", "-S", f"++eval.protocols={PROTOCOLS}"]
+    overrides += ["-S", "eval.benchmark_questions=16"]
+    ran = run_all_output(["dvc", "exp", "run", "--name", "benchmarks", *overrides], clone, env)
+    assert ran.returncode == 0, ran.stdout
+    assert re.findall(r"Running stage '(\w+)'", ran.stdout) == ["download", "final_eval", "report"], ran.stdout
+
+    download = json.loads((clone / "reports/download/benchmarks.json").read_text())["benchmarks"]
+    assert download["svamp"]["records"] == download["svamp"]["questions"] == 1000  # eval.decontaminate is off
+    questions = {"test": 24, "svamp": 16, "aime24": 16}
+    final = json.loads((clone / "reports/final/metrics.json").read_text())
+    for route in ROUTES:
+        summary = final[route]
+        # eval.* on the test split: what the run gave before protocols and benchmarks existed
+        unchanged = {key: value for key, value in summary.items() if key not in ("benchmarks", "protocols")}
+        if route != "grpo":  # GRPO is the demo's here, the no-baseline run's in the file read above
+            assert unchanged == demo[route]
+        assert list(summary["protocols"]) == ["avg2", "greedy"]  # metrics.json sorts its keys
+        slots = {None: summary, **summary["protocols"]}
+        for protocol, entry in slots.items():
+            samples = 2 if protocol == "avg2" else 1
+            sets = {"test": entry, **entry["benchmarks"]}
+            assert list(sets) == ["test", "aime24", "svamp"]
+            for name, result in sets.items():
+                assert result["questions"] == questions[name] and result["n"] == samples * questions[name]
+                interval = result["accuracy_interval"]  # a Wilson bound at 0 may round to 1e-17
+                assert interval["low"] <= result["accuracy"] + 1e-12 and result["accuracy"] <= interval["high"]
+                assert ("paired" in result) == (route != "base"), (route, protocol, name)
+                directory = "/".join(filter(None, [protocol and f"protocols/{protocol}",
+                                                   name != "test" and f"benchmarks/{name}"]))  # fmt: skip
+                answers = (clone / "reports/final/generations" / directory / f"{route}.jsonl").read_text()
+                assert answers.count("\n") == result["n"]  # splitlines would split a tiny model's "\x1c" too
+        assert summary["protocols"]["greedy"]["protocol"] == {"temperature": 0.0, "top_p": 1.0, "samples": 1}
+        avg2 = summary["protocols"]["avg2"]["benchmarks"]["svamp"]
+        assert set(avg2["pass_at_k"]) == {"1", "2"} and 0 <= avg2["majority_accuracy"] <= 1
+        assert avg2["accuracy_interval"]["method"] == "wilson_clustered_by_question"
+
+    headline = json.loads((clone / "reports/headline.json").read_text())
+    assert headline["benchmark_accuracy"]["svamp"] == {route: final[route]["benchmarks"]["svamp"]["accuracy"]
+                                                       for route in ROUTES}  # fmt: skip
+    greedy = headline["protocols"]["greedy"]
+    assert greedy["test_accuracy"]["grpo"] == final["grpo"]["protocols"]["greedy"]["accuracy"]
+    assert set(greedy["benchmark_accuracy"]) == {"svamp", "aime24"}
+
+    report = (clone / "reports/report.md").read_text()
+    section = report[report.index("## Benchmarks and protocols") :]
+    assert "Each benchmark's first 16 questions only (`eval.benchmark_questions`)" in section
+    for title in ("### `eval.*`: temperature 1, top-p 1, 1 sample per question",
+                  "### `greedy`: temperature 0, top-p 1, 1 sample per question",
+                  "### `avg2`: temperature 0.6, top-p 0.95, 2 samples per question"):  # fmt: skip
+        assert title in section
+    grpo_svamp = final["grpo"]["protocols"]["avg2"]["benchmarks"]["svamp"]
+    assert f"| {format_accuracy(grpo_svamp)} |" in section[section.index("### `avg2`") :]
+    contaminated = download["svamp"]["contaminated"]
+    assert f"| `svamp` | number | 1000 | 0 | 1000 | {contaminated} |" in section
+
+    compared = run_all_output(["python", "-m", "reasonrl.compare", "benchmarks"], clone, env)
+    assert compared.returncode == 0, compared.stdout
+    page = compared.stdout
+    changed = page[page.index("## Params that differ") : page.index("## Test accuracy")]
+    assert '| `eval.benchmarks` | `[]` | `["svamp", "aime24"]` |' in changed
+    for route in ("base", "sft", "ei"):  # the demo's models: the same test answers under eval.*
+        assert f"| {route} | `benchmarks` | `demo` | 0 / 0 (the same answers) | 0 / 0 | McNemar exact | 1 |" in page
+    protocols = page[page.index("## Benchmarks and protocols") :]
+    svamp = final["sft"]["benchmarks"]["svamp"]
+    assert f"| `svamp` | sft | — | {format_accuracy(svamp)} |" in protocols  # the demo ran no benchmark
+    assert "| `svamp` | sft | `benchmarks` | `demo` | not paired: `demo` has no svamp (benchmark) |" in protocols
+
+
 def test_a_prompt_edit_makes_exactly_the_stages_that_read_it_stale(repo):
     """A template is read by name at run time, by the stages that sample with it and by the tiny tokenizer's
     prepare_model: an edit makes those stale in `dvc status`, and no other (not download, not the report)."""

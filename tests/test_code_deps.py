@@ -108,7 +108,7 @@ def test_the_printed_deps_are_dvc_yamls(stages):
     [
         (["config.py"], []),  # a module missing
         (["rewards.py"], ["rewards.py", "lora.py"]),  # one more
-        (["atomic.py", "cli.py"], ["cli.py", "atomic.py"]),  # out of order
+        (["errors.py", "evaluation.py"], ["evaluation.py", "errors.py"]),  # out of order
     ],
 )
 def test_the_check_names_a_stage_whose_code_deps_differ(stages, tmp_path, listed, edited):
@@ -282,9 +282,9 @@ LAYERS = [
     # base: no params, no torch
     ["reasonrl.errors", "reasonrl.atomic", "reasonrl.cli", "reasonrl.code_deps", "reasonrl.markdown",
      "reasonrl.repository", "reasonrl.statistics", "reasonrl.schedules", "reasonrl.loss_types",
-     "reasonrl.loss_registry", "reasonrl.grading", "reasonrl.synthetic"],
-    # the task: examples, prompt templates, rewards
-    ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards"],
+     "reasonrl.loss_registry", "reasonrl.grading", "reasonrl.synthetic", "reasonrl.symbolic", "reasonrl.contamination"],
+    # the task: examples, prompt templates, rewards, benchmarks
+    ["reasonrl.data", "reasonrl.prompts", "reasonrl.rewards", "reasonrl.benchmarks"],
     # the params (whose schema checks names against the task's registries) and the routes they configure
     ["reasonrl.config", "reasonrl.presets", "reasonrl.routes"],
     # models and the computations on them
@@ -292,7 +292,7 @@ LAYERS = [
      "reasonrl.logprobs", "reasonrl.losses", "reasonrl.distributed", "reasonrl.lora", "reasonrl.memory",
      "reasonrl.launch"],
     # sampling: the engine, its process, and evaluating with it (whose results the process hands back)
-    ["reasonrl.rollouts", "reasonrl.evaluation"],
+    ["reasonrl.rollouts", "reasonrl.evaluation", "reasonrl.protocols"],
     # the run harness: checkpoints, resuming, the trained models' cards
     ["reasonrl.training", "reasonrl.model_card"],
     # the algorithms

@@ -17,8 +17,10 @@ from reasonrl.compare import (
     paired_row,
     params_table,
     parse_final,
+    parse_generations,
 )
 from reasonrl.evaluation import summarize
+from reasonrl.protocols import BENCHMARK_SETS, TEST, UNNAMED_TEST, Slot
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.tables import format_accuracy
 from reasonrl.routes import ROUTES
@@ -42,7 +44,8 @@ BETTER = [1, 0, 1, 1, 1, 1, 1, 0, 0, 0]  # 6 of 10: right alone on 5 questions, 
 def experiment(name: str, params: dict, right: dict[str, list[int]], samples: int = 1) -> Experiment:
     generations = {route: graded(right.get(route, REFERENCE), samples) for route in ROUTES}
     final = {route: summarize(records) for route, records in generations.items()}
-    return Experiment(name, params, final, generations, {"sft": [(2, 0.1), (4, 0.3)], "ei": None, "grpo": None})
+    curves = {"sft": [(2, 0.1), (4, 0.3)], "ei": None, "grpo": None}
+    return Experiment(name, params, final, {UNNAMED_TEST: generations}, curves)
 
 
 def test_params_table_lists_only_the_params_that_differ():
@@ -78,12 +81,12 @@ def test_paired_row_with_several_samples_flips_whole_questions():
 def test_paired_row_says_why_there_is_no_test():
     reference = experiment("ref", {}, {})
     other_questions = experiment("other", {}, {})
-    other_questions.generations["grpo"] = graded(BETTER, questions="another question ")
+    other_questions.generations[UNNAMED_TEST]["grpo"] = graded(BETTER, questions="another question ")
     assert paired_row("grpo", other_questions, reference)[3] == (
         "not paired: different test questions or samples per question"
     )
     no_answers = experiment("old", {}, {})
-    no_answers.generations["ei"] = None
+    no_answers.generations[UNNAMED_TEST]["ei"] = None
     assert paired_row("ei", no_answers, reference)[3] == (
         "not paired: no `reports/final/generations/ei.jsonl` in `old`"
     )
@@ -111,6 +114,60 @@ def test_the_page_leads_with_params_then_accuracy_then_paired_tests():
     page = render_html(report.blocks, report.figures)
     assert "<code>no|base`line &lt;b&gt;</code>" in page and "<b>" not in page
     assert report.figures["validation_curves.png"].startswith(PNG_MAGIC)
+
+
+EVAL_PARAMS = {"eval.temperature": 1.0, "eval.top_p": 1.0, "eval.samples_per_question": 1}
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "samples": 1}
+
+
+def with_benchmark(base: Experiment, svamp_grpo: list[int]) -> Experiment:
+    """``base`` with the benchmark svamp under ``eval.*`` and the test split and svamp under the protocol greedy:
+    every route answers as on the test split, but GRPO gets ``svamp_grpo`` right on svamp."""
+    generations = dict(base.generations)
+    test = base.generations[UNNAMED_TEST]
+    svamp = {route: graded(svamp_grpo) if route == "grpo" else test[route] for route in ROUTES}
+    for slot, answers in {Slot(None, BENCHMARK_SETS, "svamp"): svamp, Slot("greedy", TEST): test,
+                          Slot("greedy", BENCHMARK_SETS, "svamp"): svamp}.items():  # fmt: skip
+        generations[slot] = answers
+    final = {}
+    for route, summary in base.final.items():
+        benchmarks = {"svamp": summarize(svamp[route])}
+        greedy = summary | {"protocol": GREEDY, "benchmarks": benchmarks}
+        final[route] = summary | {"benchmarks": benchmarks, "protocols": {"greedy": greedy}}
+    return Experiment(base.name, {**base.params, **EVAL_PARAMS}, final, generations, base.curves)
+
+
+def test_benchmarks_and_protocols_get_a_table_each_with_the_paired_test_per_benchmark():
+    demo = experiment("demo", EVAL_PARAMS, {})  # no benchmark, no protocol
+    ref = with_benchmark(experiment("ref", {}, {}), REFERENCE)
+    new = with_benchmark(experiment("new", {}, {}), BETTER)
+    markdown = render_markdown(build_comparison([ref, new], figures=False).blocks)
+    section = markdown[markdown.index("## Benchmarks and protocols") :]
+    assert [line for line in section.splitlines() if line.startswith("### ")] == [
+        "### `eval.*`: temperature 1, top-p 1, 1 sample per question",
+        "### `greedy`: temperature 0, top-p 1, 1 sample per question",
+    ]
+    unnamed, greedy = section.split("### `greedy`")
+    better, reference = (format_accuracy(summarize(graded(right))) for right in (BETTER, REFERENCE))
+    assert f"| `svamp` | grpo | {reference} | {better} |" in unnamed
+    assert "| `svamp` | grpo | `new` | `ref` | 5 / 1 | 5 / 1 | McNemar exact | 0.219 |" in unnamed
+    assert "| `test` |" not in unnamed  # the unnamed test split is the page's first table
+    assert "| `test` | grpo | `new` | `ref` | 0 / 0 (the same answers) | 0 / 0 | McNemar exact | 1 |" in greedy
+    assert "| `svamp` | grpo | `new` | `ref` | 5 / 1 | 5 / 1 | McNemar exact | 0.219 |" in greedy
+
+    against_demo = render_markdown(build_comparison([demo, new], figures=False).blocks)
+    assert f"| `svamp` | grpo | — | {better} |" in against_demo
+    assert "| `svamp` | grpo | `new` | `demo` | not paired: `demo` has no svamp (benchmark) | — | — | — |" in (
+        against_demo
+    )
+    assert "## Benchmarks and protocols" not in render_markdown(build_comparison([demo, demo], figures=False).blocks)
+
+
+def test_answers_are_read_a_line_per_newline_whatever_the_model_wrote():
+    """A model's answer may hold U+2028 or U+0085, which JSON leaves unescaped and ``str.splitlines`` would split."""
+    records = [{"question_index": 0, "response": "a\u2028b\x85c\x1c"}, {"question_index": 1, "response": "d"}]
+    text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    assert parse_generations(text) == records
 
 
 def test_experiment_names_are_drawn_as_written(monkeypatch):
@@ -184,7 +241,7 @@ def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
     assert committed.params == {"grpo.loss_type": "grpo_clip", "grpo.lr": 1e-05}
     assert committed.final["grpo"]["accuracy"] == 0.2
     assert committed.curves["grpo"] == [(0, 0.1), (2, 0.5)]  # by GRPO step, joined as the report joins them
-    assert committed.curves["sft"] is None and committed.generations["grpo"] == graded(REFERENCE)
+    assert committed.curves["sft"] is None and committed.generations[UNNAMED_TEST]["grpo"] == graded(REFERENCE)
 
     main(["workspace", "--against", "main", "--out", "compare.md", "--html", "compare.html"])
     markdown = (dvc_repo / "compare.md").read_text(encoding="utf-8")

@@ -22,6 +22,7 @@ from reasonrl.presets import apply_overrides, checked_overrides, load_preset
 REPO = Path(__file__).resolve().parents[1]
 SHA = "ab" * 32
 TEST_SET = {"name": "x", "path": "x.jsonl", "sha256": SHA}
+JSONL_FILES = {split: {"path": f"{split}.jsonl", "sha256": SHA} for split in ("train", "test")}
 
 
 def test_repository_params_are_valid_full_scale(params_file):
@@ -140,8 +141,26 @@ def test_repository_params_are_valid_full_scale(params_file):
             r"data.jsonl.test.sha256: required with data.name: jsonl: the file's SHA-256 .*\(`sha256sum u`\), got None",
         ),
         (
-            {"data": {"jsonl": {"answer_format": "latex"}}},
-            r"data.jsonl.answer_format: must be one of \['gsm8k', 'number', 'boxed'\]",
+            {"data": {"jsonl": {"answer_format": "tex"}}},
+            r"data.jsonl.answer_format: must be one of \['gsm8k', 'number', 'boxed', 'latex'\]",
+        ),
+        # Issue 33: benchmarks by name, symbolic answers.
+        ({"eval": {"benchmarks": ["math"]}}, r"eval.benchmarks\[0\]: must be one of \['math500', 'aime24', "),
+        ({"eval": {"benchmarks": ["svamp", "aime24", "svamp"]}}, r"eval.benchmarks\[2\]: 'svamp' is listed twice"),
+        (
+            {"eval": {"benchmarks": ["svamp"], "test_sets": [{**TEST_SET, "name": "svamp"}]}},
+            r"eval.test_sets\[0\].name: 'svamp' names a benchmark of eval.benchmarks too",
+        ),
+        ({"eval": {"decontaminate": "yes"}}, "eval.decontaminate: must be bool"),
+        (
+            {"data": {"name": "jsonl", "jsonl": {**JSONL_FILES, "answer_format": "latex"}}},
+            r"rewards.question_only: the built-in question_only grades one number, but data.jsonl.answer_format is "
+            r"latex: set rewards.question_only: math_verify",
+        ),
+        (
+            {"rewards": {"r1_zero": "math_verify_reward"}},
+            r"rewards.r1_zero: 'math_verify_reward' is neither a built-in "
+            r"reward \(r1_zero, question_only, r1_zero_chat, math_verify\) nor module:function",
         ),
         ({"eval": {"test_sets": [{**TEST_SET, "name": "a.b"}]}}, "eval.test_sets\\[0\\].name: must be letters, digits"),
         (

@@ -1,15 +1,12 @@
 """math-verify as a second grader: hand-made answers where it agrees with ours and where it does not, the agreement
-rate and the listed disagreements, and the bound on answers sympy cannot finish comparing."""
-
-import subprocess
-import sys
+rate and the listed disagreements (its time bound: tests/test_symbolic.py)."""
 
 import pytest
 
-from reasonrl.crosscheck import GRADED_TEXT, add_grader_crosschecks, crosscheck_grades, math_verify_correct
+from reasonrl.crosscheck import add_grader_crosschecks, crosscheck_grades
 from reasonrl.evaluation import EvalResult
 from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
-from reasonrl.prompts import PROMPT_NAMES
+from reasonrl.prompts import ANSWER_TEXT_FNS, PROMPT_NAMES
 
 
 def r1_zero_records(cases: list[tuple[str, str]]) -> list[dict]:
@@ -30,7 +27,7 @@ R1_ZERO_CASES = [
     ("\\frac{1}{2}", "0.5"),  # both right: LaTeX fraction
     ("17", "18"),  # both wrong
     ("2+3", "5"),  # math-verify evaluates the sum; ours reads two different numbers: wrong
-    ("\u22123", "-3"),  # ours reads the typographic minus; math-verify extracts nothing: wrong
+    ("\\$18", "18"),  # ours reads the LaTeX dollar as a dollar; math-verify extracts nothing: wrong
 ]
 
 
@@ -39,7 +36,7 @@ def test_agreement_rate_and_disagreements_by_hand():
     assert crosscheck["agreement"] == pytest.approx(4 / 6)
     assert crosscheck["disagreements"] == [
         {"question_index": 4, "ground_truth": "5", "answer": "2+3", "ours_correct": False, "math_verify_correct": True},
-        {"question_index": 5, "ground_truth": "-3", "answer": "\u22123", "ours_correct": True,
+        {"question_index": 5, "ground_truth": "18", "answer": "\\$18", "ours_correct": True,
          "math_verify_correct": False},
     ]  # fmt: skip
 
@@ -55,7 +52,6 @@ def test_graders_are_compared_on_the_answer_not_the_format():
 def test_no_answer_block_is_wrong_to_both():
     records = [{"question_index": 0, "response": "18", "ground_truth": "18"} | r1_zero_reward_fn("18", "18")]
     assert crosscheck_grades(records, "r1_zero")["agreement"] == 1.0
-    assert math_verify_correct(None, "18") is False
 
 
 def test_question_only_answers_are_the_boxed_text():
@@ -82,14 +78,6 @@ def test_results_get_agreement_and_count_in_their_metrics():
 
 
 def test_every_prompt_has_its_answer_text():
-    assert set(GRADED_TEXT) == set(PROMPT_NAMES)
+    assert set(ANSWER_TEXT_FNS) == set(PROMPT_NAMES)
     with pytest.raises(ValueError, match="no answer extraction for prompt 'tagged'"):
         crosscheck_grades(r1_zero_records(R1_ZERO_CASES), "tagged")
-
-
-def test_an_answer_sympy_cannot_finish_comparing_is_cut_off():
-    # Comparing 9^(9^(9^9)) with 18 never ends without math-verify's timeout; in a child process, so that a
-    # missing timeout fails the test instead of hanging it.
-    probe = "from reasonrl.crosscheck import math_verify_correct; print(math_verify_correct('9^9^9^9', '18'))"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == "False", result.stderr

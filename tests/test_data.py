@@ -108,3 +108,32 @@ def test_a_bad_own_record_names_file_and_line(tmp_path, fields, bad_record, mess
     with pytest.raises(DataFormatError, match=message) as error:
         [convert_record(line, fields, "own.jsonl", number) for number, line in enumerate(lines, start=1)]
     assert str(error.value).startswith("own.jsonl:3: ") and "\n" not in str(error.value)
+
+
+# Issue 33: answers in LaTeX, graded by math-verify.
+
+LATEX_FIELDS = JsonlFields("problem", "answer", "latex")
+
+
+@pytest.mark.parametrize(
+    ("record", "reasoning", "answer"),
+    [
+        ({"problem": "Q?", "answer": "\\left( 3, \\frac{\\pi}{2} \\right)"}, "", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ({"problem": "Q?", "answer": "(1,234)"}, "", "(1,234)"),  # a pair: its comma separates no thousands
+        ({"problem": "Q?", "answer": "So $r=3$: \\boxed{(3, \\pi)}"}, "So $r=3$:", "(3, \\pi)"),  # a solution
+        ({"problem": "Q?", "answer": 2.5}, "", "2.5"),
+    ],
+)
+def test_a_latex_answer_is_kept_as_written_and_marked(record, reasoning, answer):
+    line, _ = convert_record(json.dumps(record), LATEX_FIELDS, "own.jsonl", 1)
+    assert json.loads(line)["answer_format"] == "latex"
+    assert parse_record(line) == GSM8KExample("Q?", reasoning, answer)
+
+
+def test_a_latex_answer_math_verify_cannot_read_names_file_and_line():
+    message = (
+        r"^own.jsonl:4: the answer read from 'answer' \(answer_format latex\), 'There is no solution.', is not a "
+        r"formula math-verify can read: no response could ever"
+    )
+    with pytest.raises(DataFormatError, match=message):
+        convert_record(json.dumps({"problem": "Q?", "answer": "There is no solution."}), LATEX_FIELDS, "own.jsonl", 4)

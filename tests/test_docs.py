@@ -202,7 +202,8 @@ def test_every_documented_make_target_exists():
 
 def test_every_documented_parameter_exists(full_scale_params):
     """Each `-S key=value` of a documented `dvc exp run` names a param of params.yaml (a typo would make DVC add
-    a new key that no stage reads)."""
+    a new key that no stage reads); so does `-S ++key=value`, Hydra's way of filling a param that is an empty
+    mapping (`eval.protocols`)."""
     params = yaml.safe_load(full_scale_params)
     keys = []
     for _, words, in_block in documented_commands():
@@ -212,7 +213,7 @@ def test_every_documented_parameter_exists(full_scale_params):
     assert "grpo.loss_type" in keys
     for key in keys:
         node = params
-        for part in key.split("."):
+        for part in key.removeprefix("++").split("."):
             assert isinstance(node, dict) and part in node, f"-S {key}: params.yaml has no {key}"
             node = node[part]
 

@@ -132,6 +132,8 @@ def test_stage_script_reports_user_errors_in_one_line(tmp_path, full_scale_param
             str(tmp_path / "d"),
             "--test-sets",
             str(tmp_path / "t"),
+            "--benchmarks-summary",
+            str(tmp_path / "benchmarks.json"),
         ],
         capture_output=True,
         text=True,
@@ -162,7 +164,12 @@ def run_download(params: Path, out: Path) -> subprocess.CompletedProcess:
     """The download stage as DVC runs it: from the repository root, where relative data paths start; the test sets
     go to ``<out>/../test_sets``."""
     command = [sys.executable, "stages/download.py", "--params", str(params), "--out", str(out)]
-    command += ["--test-sets", str(out.parent / "test_sets")]
+    command += [
+        "--test-sets",
+        str(out.parent / "test_sets"),
+        "--benchmarks-summary",
+        str(out.parent / "benchmarks.json"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
 
@@ -261,6 +268,7 @@ def test_own_data_is_converted_in_memory_flat_in_the_file_size(tmp_path, full_sc
         out = tmp_path / f"out{megabytes}"
         command = [sys.executable, "-c", PEAK, "stages/download.py", "--params", str(params), "--out", str(out)]
         command += ["--test-sets", str(tmp_path / f"sets{megabytes}")]
+        command += ["--benchmarks-summary", str(tmp_path / f"benchmarks{megabytes}.json")]
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr

@@ -78,6 +78,7 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
         "dvc.lock",
         "models/.gitignore",
         "reports/baseline/.gitignore",
+        "reports/download/.gitignore",
     ]
 
 

@@ -30,8 +30,8 @@ from reasonrl.report.inputs import (
     read_params,
 )
 from reasonrl.report.page import ReportInputs, build_report
-from reasonrl.report.tables import per_question_table
-from reasonrl.report.verdict import paired_sentences
+from reasonrl.report.tables import format_accuracy, per_question_table, percent
+from reasonrl.report.verdict import format_p_value, paired_sentences
 from reasonrl.routes import ROUTES
 from reasonrl.statistics import wilson_interval
 
@@ -839,6 +839,82 @@ def test_extra_test_sets_get_a_table_each_in_the_report_and_their_accuracy_in_th
     (reports / "final" / "metrics.json").write_text(json.dumps(final))
     with pytest.raises(ReportInputError, match=r"metrics.json: ei: test_sets \[\], expected \['shifted'\]"):
         headline_metrics(reports)
+
+
+# Issue 33: benchmarks and named protocols, (correct, format_only, neither) per route on svamp.
+SVAMP_COUNTS = {"base": (0, 2, 8), "sft": (4, 4, 2), "ei": (5, 4, 1), "grpo": (9, 1, 0)}
+BENCHMARK_SUMMARY = {
+    "ngram": 13,
+    "decontaminate": False,
+    "benchmarks": {"svamp": {"answer_format": "number", "records": 1000, "ungradable": 0, "questions": 1000,
+                             "contaminated": 3, "contaminated_lines": [7, 70, 700]}},
+}  # fmt: skip
+
+
+def test_benchmarks_and_protocols_get_a_table_per_protocol_and_their_accuracy_in_the_headline(
+    reports_dir, report_params_file, tmp_path, undrawn_figures
+):
+    reports = tmp_path / "reports"
+    shutil.copytree(reports_dir, reports)
+    final = final_summaries()
+    svamp = {route: summarize(graded(*counts)) for route, counts in SVAMP_COUNTS.items()}
+    for route, reference in STARTS.items():
+        paired = paired_comparison(graded(*SVAMP_COUNTS[route]), graded(*SVAMP_COUNTS[reference]))
+        svamp[route]["paired"] = {"reference": reference, **paired}
+    avg4 = {route: summarize(sampled([4, 2, 0, 1, 3], samples=4)) for route in ROUTES}
+    for route in ROUTES:  # as final_eval writes them (reasonrl.protocols.route_summaries)
+        greedy = {**final[route], "protocol": {"temperature": 0.0, "top_p": 1.0, "samples": 1}}
+        sampled_summary = {**avg4[route], "protocol": {"temperature": 0.6, "top_p": 0.95, "samples": 4}}
+        final[route]["benchmarks"] = {"svamp": svamp[route]}
+        final[route]["protocols"] = {
+            "greedy": greedy | {"benchmarks": {"svamp": svamp[route]}},
+            "avg4": sampled_summary | {"benchmarks": {"svamp": avg4[route]}},
+        }
+    (reports / "final" / "metrics.json").write_text(json.dumps(final))
+    (reports / "download").mkdir()
+    (reports / "download" / "benchmarks.json").write_text(json.dumps(BENCHMARK_SUMMARY))
+    params = report_params_file  # eval.* left at its defaults, as the unnamed protocol's title says
+
+    markdown = render_markdown(build_report(ReportInputs(reports, params, ENVIRONMENT)).blocks, "figures")
+    section = markdown[markdown.index("## Benchmarks and protocols") : markdown.index("## Validation accuracy")]
+    titles = [line for line in section.splitlines() if line.startswith("### ")]
+    assert titles == [
+        "### `eval.*`: temperature 1, top-p 1, 1 sample per question",
+        "### `greedy`: temperature 0, top-p 1, 1 sample per question",
+        "### `avg4`: temperature 0.6, top-p 0.95, 4 samples per question",
+        "### The benchmarks' questions and contamination",
+    ]
+    unnamed = section[: section.index("### `greedy`")]
+    assert "| route | `test` | `svamp` |" in unnamed
+    grpo_test = format_accuracy(final["grpo"])
+    assert f"| grpo | {grpo_test} | {accuracy_cell(9, 10)} |" in unnamed
+    svamp_p = format_p_value(svamp["grpo"]["paired"]["p_value"])
+    assert f"| grpo | p = {format_p_value(final['grpo']['paired']['p_value'])} (vs SFT) | p = {svamp_p} (vs SFT) |" in (
+        unnamed
+    )
+    sampled_part = section[section.index("### `avg4`") :]
+    k4 = percent(avg4["grpo"]["pass_at_k"]["4"])
+    assert f"| grpo | {k4} / {percent(avg4['grpo']['majority_accuracy'])} |" in sampled_part
+    assert "avg@k" in sampled_part and "clustered by question" in sampled_part
+    assert "| `svamp` | number | 1000 | 0 | 1000 | 3 |" in section
+    assert "13-word sequence" in section and "`eval.decontaminate: true` leaves them out" in section
+
+    headline = headline_metrics(reports)
+    assert list(headline) == ["test_accuracy", "benchmark_accuracy", "protocols", "grpo_best_val_accuracy",
+                              "wall_clock_seconds"]  # fmt: skip
+    assert headline["benchmark_accuracy"] == {"svamp": {"base": 0.0, "sft": 0.4, "ei": 0.5, "grpo": 0.9}}
+    assert headline["protocols"]["avg4"]["benchmark_accuracy"]["svamp"]["grpo"] == avg4["grpo"]["accuracy"]
+    assert headline["protocols"]["greedy"]["test_accuracy"] == headline["test_accuracy"]
+
+    assert "first" not in section  # every question asked
+    capped = tmp_path / "capped.yaml"
+    capped.write_text("eval:\n  benchmark_questions: 40\n", encoding="utf-8")
+    markdown = render_markdown(build_report(ReportInputs(reports, capped, ENVIRONMENT)).blocks, "figures")
+    assert "Each benchmark's first 40 questions only (`eval.benchmark_questions`): a quick look" in markdown
+
+    (reports / "download" / "benchmarks.json").unlink()
+    markdown = render_markdown(build_report(ReportInputs(reports, params, ENVIRONMENT)).blocks, "figures")
+    assert "Contamination not shown: `" in markdown and "download/benchmarks.json` is missing." in markdown
 
 
 def test_headline_without_final_metrics_names_the_file(tmp_path):

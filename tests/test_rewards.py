@@ -97,7 +97,7 @@ def test_grpo_scores_rollouts_with_the_users_reward(params_file):
     [
         ("os.path:join", "module 'os.path' is no module of the repository's rewards/ package"),
         ("rewards:tolerant", "module 'rewards' is no module of the repository's rewards/ package"),
-        ("tolerant", rf"'tolerant' is neither a built-in reward \({', '.join(REWARD_FNS)}\) nor module:function"),
+        ("tolerant", rf"'tolerant' is neither a built-in reward \({', '.join(REWARD_FNS)}, math_verify\) nor module:"),
         ("rewards.tolerant", "'rewards.tolerant' is neither a built-in reward"),
         ("rewards.missing:reward", "no module rewards.missing in "),
         ("rewards.tolerant:missing", "rewards.tolerant .*tolerant.py. has no function missing"),

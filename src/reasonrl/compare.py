@@ -11,7 +11,9 @@ own run only). Each experiment is named as DVC users name it: an experiment name
 
 The page leads with the params that differ, then each route's test accuracy with its 95% interval, the paired test
 of each experiment against the baseline per route (the same test questions and seed; the answers of
-``reports/final/generations/<route>.jsonl``), and the routes' validation curves overlaid.
+``reports/final/generations/<route>.jsonl``); with ``eval.benchmarks``, ``eval.test_sets`` or ``eval.protocols``, a
+table per protocol of each set's accuracy per route and experiment and the paired test per set
+(:mod:`reasonrl.protocols`); and the routes' validation curves overlaid.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.cli import run_stage
+from reasonrl.data import jsonl_lines
 from reasonrl.demo import DEMO
 from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison
 from reasonrl.markdown import code
+from reasonrl.protocols import TEST, UNNAMED_TEST, Slot, protocol_title, slot_summaries
 from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, render_markdown, write_report
 from reasonrl.report.figures import Panel, plot_panels
 from reasonrl.report.inputs import (
@@ -44,6 +48,7 @@ from reasonrl.statistics import TEST_MCNEMAR, TEST_SIGN_FLIP
 WORKSPACE = "workspace"
 FINAL_METRICS = "reports/final/metrics.json"
 GENERATIONS = "reports/final/generations/{route}.jsonl"
+"""The graded answers of the unnamed protocol on the test split; a slot's are in its directory below."""
 REPORTS = Path("reports")
 SUMMARY_KEYS = {"accuracy", "accuracy_interval"}
 
@@ -67,8 +72,9 @@ class Experiment:
     """Dotted params, as ``dvc exp show`` lists them."""
     final: dict[str, dict[str, Any]]
     """Each route's test summary (``reports/final/metrics.json``)."""
-    generations: dict[str, list[dict[str, Any]] | None]
-    """Each route's graded test answers; None where the file is absent."""
+    generations: dict[Slot, dict[str, list[dict[str, Any]] | None]]
+    """Each route's graded answers in each slot of ``final`` (:func:`reasonrl.protocols.slot_summaries`: the test
+    split, test sets and benchmarks under each protocol); None where the file is absent."""
     curves: dict[str, list[tuple[int, float]] | None]
     """Each training route's validation accuracy by its own x (:data:`CURVES`); None where not logged."""
 
@@ -144,8 +150,23 @@ def parse_final(text: str, source: str) -> dict[str, dict[str, Any]]:
     return {route: final[route] for route in ROUTES}
 
 
+def final_slots(final: dict[str, dict[str, Any]], source: str) -> dict[Slot, dict[str, dict[str, Any]]]:
+    """:func:`reasonrl.protocols.slot_summaries` of ``final``; a route that lacks another's set or protocol raises
+    :class:`CompareError` naming ``source``."""
+    try:
+        return slot_summaries(final)
+    except ValueError as error:
+        raise CompareError(f"{source}: {error}") from None
+
+
+def generations_path(slot: Slot, route: str) -> str:
+    """Where ``route``'s graded answers in ``slot`` are: :data:`GENERATIONS` in the slot's directory."""
+    name = GENERATIONS.format(route=route)
+    return name if not slot.directory else name.replace(f"/{route}.jsonl", f"/{slot.directory}/{route}.jsonl")
+
+
 def parse_generations(text: str | None) -> list[dict[str, Any]] | None:
-    return None if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
+    return None if text is None else [json.loads(line) for line in jsonl_lines(text) if line.strip()]
 
 
 def read_curve(fs: Any, route: str, source: str) -> list[tuple[int, float]] | None:
@@ -174,7 +195,10 @@ def load_experiment(name: str, repo: str | None = None) -> Experiment:
     if text is None:
         raise no_results(name, repo)
     final = parse_final(text, f"{name}: {FINAL_METRICS}")
-    generations = {r: parse_generations(_read_text(fs, GENERATIONS.format(route=r))) for r in ROUTES}
+    generations = {
+        slot: {route: parse_generations(_read_text(fs, generations_path(slot, route))) for route in ROUTES}
+        for slot in final_slots(final, f"{name}: {FINAL_METRICS}")
+    }
     curves = {route: read_curve(fs, route, name) for route in TRAINED_ROUTES}
     return Experiment(name, params, final, generations, curves)
 
@@ -217,16 +241,20 @@ def same_questions(records: Sequence[Mapping[str, Any]], reference: Sequence[Map
     ]
 
 
-def paired_row(route: str, this: Experiment, reference: Experiment) -> list[str]:
-    """``this`` against ``reference`` on ``route``'s test answers: answers right for one only, questions on which
-    each had more right answers, the test and its p-value; or why there is no paired test."""
+def paired_row(route: str, this: Experiment, reference: Experiment, slot: Slot = UNNAMED_TEST) -> list[str]:
+    """``this`` against ``reference`` on ``route``'s answers in ``slot`` (by default the test split under
+    ``eval.*``): answers right for one only, questions on which each had more right answers, the test and its
+    p-value; or why there is no paired test."""
     head = [route, code(this.name), code(reference.name)]
-    records, reference_records = this.generations[route], reference.generations[route]
+    if missing := [e for e in (this, reference) if slot not in e.generations]:
+        return [*head, f"not paired: {code(missing[0].name)} has no {slot.label()}", "—", "—", "—"]
+    records, reference_records = this.generations[slot][route], reference.generations[slot][route]
     if records is None or reference_records is None:
-        missing = this if records is None else reference
-        return [*head, f"not paired: no `{GENERATIONS.format(route=route)}` in {code(missing.name)}", "—", "—", "—"]
+        missing_name = (this if records is None else reference).name
+        return [*head, f"not paired: no `{generations_path(slot, route)}` in {code(missing_name)}", "—", "—", "—"]
     if not same_questions(records, reference_records):
-        return [*head, "not paired: different test questions or samples per question", "—", "—", "—"]
+        questions = "test questions" if slot.kind == TEST else "questions"
+        return [*head, f"not paired: different {questions} or samples per question", "—", "—", "—"]
     paired = paired_comparison(records, reference_records)
     same = " (the same answers)" if records == reference_records else ""
     return [
@@ -253,6 +281,67 @@ def paired_table(experiments: Sequence[Experiment]) -> Table:
     """Each experiment after the first against the first (the baseline), route by route."""
     reference = experiments[0]
     return Table(PAIRED_HEADERS, [paired_row(route, this, reference) for this in experiments[1:] for route in ROUTES])
+
+
+def other_slots(experiments: Sequence[Experiment]) -> dict[str | None, list[Slot]]:
+    """Every slot any experiment has beyond the unnamed test split, by protocol (the unnamed one first), in the order
+    the experiments list them."""
+    slots = dict.fromkeys(slot for e in experiments for slot in e.generations if slot != UNNAMED_TEST)
+    grouped: dict[str | None, list[Slot]] = {}
+    for slot in sorted(slots, key=lambda slot: slot.protocol is not None):  # stable: the experiments' order within
+        grouped.setdefault(slot.protocol, []).append(slot)
+    return grouped
+
+
+def summary_of(experiment: Experiment, slot: Slot, route: str) -> dict[str, Any] | None:
+    """``route``'s summary in ``slot`` (:func:`reasonrl.protocols.slot_summaries`), None where it has none."""
+    return final_slots(experiment.final, experiment.name).get(slot, {}).get(route)
+
+
+def slots_accuracy_table(experiments: Sequence[Experiment], slots: Sequence[Slot]) -> Table:
+    """Set × route, one column per experiment: accuracy with its interval; — where an experiment lacks the set."""
+    rows = []
+    for slot in slots:
+        for route in ROUTES:
+            summaries = [summary_of(e, slot, route) for e in experiments]
+            rows.append([code(slot.set_name), route, *("—" if s is None else format_accuracy(s) for s in summaries)])
+    return Table(["set", "route", *(code(e.name) for e in experiments)], rows)
+
+
+def slots_paired_table(experiments: Sequence[Experiment], slots: Sequence[Slot]) -> Table:
+    """Set × route × experiment: each experiment after the first against the first, on the same set."""
+    reference = experiments[0]
+    rows = [
+        [code(slot.set_name), *paired_row(route, this, reference, slot)]
+        for slot in slots
+        for this in experiments[1:]
+        for route in ROUTES
+    ]
+    return Table(["set", *PAIRED_HEADERS], rows)
+
+
+def protocols_section(report: Report, experiments: Sequence[Experiment]) -> None:
+    """Per protocol, the benchmarks and test sets (and the test split under a named protocol): accuracy of every
+    experiment, and the paired test per set against the baseline; nothing when no experiment has any."""
+    grouped = other_slots(experiments)
+    if not grouped:
+        return
+    report.blocks.append(Heading(2, "Benchmarks and protocols"))
+    for protocol, slots in grouped.items():
+        owner = next(e for e in experiments if slots[0] in e.generations)
+        summary = next(iter(final_slots(owner.final, owner.name)[slots[0]].values()))
+        report.blocks.append(Heading(3, protocol_title(protocol, summary, owner.params)))
+        report.blocks.append(slots_accuracy_table(experiments, slots))
+        report.blocks.append(slots_paired_table(experiments, slots))
+    report.blocks.append(
+        Paragraph(
+            f"From `{FINAL_METRICS}` of each experiment (each route's `test_sets`, `benchmarks` and `protocols`) and "
+            "the graded answers under `reports/final/generations/` (`benchmarks/<name>/`, `protocols/<name>/`): "
+            "accuracy (avg@k with several samples) with its 95% interval, and the paired test of each experiment "
+            "against the baseline on the same set, as above. A protocol's settings are its first experiment's; "
+            "where they differ, the params table above says so."
+        )
+    )
 
 
 def curves_panels(experiments: Sequence[Experiment]) -> list[Panel]:
@@ -299,6 +388,8 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
             "are not independent). A route DVC did not rerun has the same answers in both, p = 1."
         )
     )
+
+    protocols_section(report, experiments)
 
     if figures:
         report.blocks.append(Heading(2, "Validation accuracy during training"))

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from reasonrl.data import ANSWER_FORMATS, JsonlFields
+from reasonrl.benchmarks import BENCHMARKS
+from reasonrl.data import ANSWER_FORMATS, LATEX, JsonlFields
 from reasonrl.errors import ConfigError
 from reasonrl.loss_registry import (
     KL_ESTIMATORS,
@@ -44,6 +45,7 @@ RolloutISMode = Literal[ROLLOUT_IS_MODES]
 AdvantageEstimator = Literal["group_mean_std", "rloo"]
 LRSchedule = Literal[tuple(LR_SCHEDULES)]
 AnswerFormat = Literal[ANSWER_FORMATS]
+BenchmarkName = Literal[tuple(BENCHMARKS)]
 LAYOUT_GPUS = {"cpu": 0, "colocate": 1, "split": 2}
 """Rollout layouts and the GPUs a model stage holds in each (the Snakefile asks a scheduler for that many)."""
 Layout = Literal[tuple(LAYOUT_GPUS)]
@@ -130,7 +132,9 @@ class JsonlDataConfig:
     """The key of each line's answer, read as ``answer_format`` says."""
     answer_format: AnswerFormat = "gsm8k"
     """``gsm8k``: reasoning, then ``#### N``; ``number``: the bare answer (no reasoning); ``boxed``: the last
-    ``\\boxed{…}`` is the answer, the text before it the reasoning."""
+    ``\\boxed{…}`` is the answer, the text before it the reasoning; ``latex``: an answer in LaTeX graded by
+    math-verify (the last ``\\boxed{…}`` if there is one, else the whole field), which needs ``rewards.<prompt>:
+    math_verify`` for the prompts that train on it."""
 
     @property
     def fields(self) -> JsonlFields:
@@ -148,6 +152,7 @@ class TestSetConfig:
     question_field: str = "question"
     answer_field: str = "answer"
     answer_format: AnswerFormat = "gsm8k"
+    """As ``data.jsonl.answer_format``; final_eval grades a ``latex`` set with math-verify."""
 
     @property
     def fields(self) -> JsonlFields:
@@ -324,6 +329,17 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ProtocolConfig:
+    """One of ``eval.protocols``: a named way of sampling the final evaluation, beside the unnamed one of ``eval.*``
+    (greedy; avg@16 at temperature 0.6 and top-p 0.95, as the papers report)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    samples: int = 1
+    """Answers per question: with several, the accuracy is avg@k, with pass@k and maj@k beside it."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """``eval``: sampling for every evaluation (baseline, validation during training, final)."""
 
@@ -339,6 +355,22 @@ class EvalConfig:
     """Samples per question; accuracy averages over all of them (more samples → smaller standard error)."""
     test_sets: list[TestSetConfig] = field(default_factory=list)
     """Extra held-out sets final_eval grades every route on, each reported on its own (docs/own-data.md)."""
+    benchmarks: list[BenchmarkName] = field(default_factory=list)
+    """Standard benchmarks by name (``reasonrl.benchmarks``: math500, aime24, amc23, minerva_math, olympiadbench,
+    college_math, svamp, asdiv, mawps), downloaded by the download stage from their pinned upstream files."""
+    benchmark_mirror: str | None = None
+    """Local directory holding ``<name>/test.jsonl`` for each benchmark; null → env BENCHMARK_MIRROR, else download
+    each from its pinned URL."""
+    decontaminate: bool = False
+    """Leave out of each benchmark the questions that share a 13-gram with the training data, or that it asks
+    (``reasonrl.contamination``); they are counted either way."""
+    benchmark_questions: int | None = None
+    """final_eval asks only the first N questions of each benchmark (null: all of them): for a quick look or a test,
+    whose numbers are then not the benchmark's (the report says so)."""
+    protocols: dict[str, ProtocolConfig] = field(default_factory=dict)
+    """Named sampling protocols, each of which final_eval runs on the test split, every test set and every benchmark
+    (``{greedy: {temperature: 0}, avg16: {temperature: 0.6, top_p: 0.95, samples: 16}}``), beside the unnamed one
+    of the settings above; ``reports/final/metrics.json`` keys their results by name."""
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "eval.temperature", f"must be ≥ 0, got {self.temperature}")
@@ -366,8 +398,48 @@ class EvalConfig:
                 f"must be letters, digits, _ or - (it names a file and a metric), got {test_set.name!r}",
             )
             _require(test_set.name not in names, f"{name}.name", f"{test_set.name!r} names an earlier test set too")
+            _require(
+                test_set.name not in self.benchmarks,
+                f"{name}.name",
+                f"{test_set.name!r} names a benchmark of eval.benchmarks too (both are written to <name>.jsonl)",
+            )
             names.add(test_set.name)
             _check_jsonl_file(test_set.path, test_set.sha256, name, "for each test set")
+        for index, benchmark in enumerate(self.benchmarks):
+            _require(
+                benchmark not in self.benchmarks[:index], f"eval.benchmarks[{index}]", f"{benchmark!r} is listed twice"
+            )
+        _require(
+            self.benchmark_questions is None or self.benchmark_questions >= 1,
+            "eval.benchmark_questions",
+            f"must be ≥ 1 or null, got {self.benchmark_questions}",
+        )
+        for name, protocol in self.protocols.items():
+            _check_protocol(name, protocol)
+
+    def under(self, protocol: ProtocolConfig) -> EvalConfig:
+        """These settings with ``protocol``'s sampling: its temperature, top-p and samples per question."""
+        return dataclasses.replace(
+            self, temperature=protocol.temperature, top_p=protocol.top_p, samples_per_question=protocol.samples
+        )
+
+
+def _check_protocol(name: str, protocol: ProtocolConfig) -> None:
+    param = f"eval.protocols.{name}"
+    _require(
+        _TEST_SET_NAME.fullmatch(name) is not None,
+        param,
+        "a protocol's name must be letters, digits, _ or - (it names a directory and a metric)",
+    )
+    _require(protocol.temperature >= 0, f"{param}.temperature", f"must be ≥ 0, got {protocol.temperature}")
+    _require(0 < protocol.top_p <= 1, f"{param}.top_p", f"must be in (0, 1], got {protocol.top_p}")
+    _require(protocol.samples >= 1, f"{param}.samples", f"must be ≥ 1, got {protocol.samples}")
+    _require(
+        protocol.samples == 1 or protocol.temperature > 0,
+        f"{param}.samples",
+        f"{protocol.samples} samples at temperature 0 are one greedy answer {protocol.samples} times: set "
+        f"{param}.temperature > 0 or samples: 1",
+    )
 
 
 @dataclass(frozen=True)
@@ -398,7 +470,7 @@ class _RewardSpecs:
     def __post_init__(self) -> None:
         for prompt, spec in self.specs.items():
             try:
-                check_reward(spec)
+                check_reward(spec, prompt=prompt)
             except RewardSpecError as error:
                 raise ConfigError(f"rewards.{prompt}: {error}") from None
 
@@ -1194,6 +1266,21 @@ def _check_distributed(params: Params) -> None:
     )
 
 
+def _check_latex_rewards(params: Params) -> None:
+    """Training data with LaTeX answers needs a reward that reads LaTeX: the built-in rewards compare one number, so
+    every answer to ``\\frac{\\pi}{2}`` would score 0 and training would learn nothing, unnoticed."""
+    if params.data.name != "jsonl" or params.data.jsonl.answer_format != LATEX:
+        return
+    for prompt in sorted(params.prompt_names):
+        spec = params.rewards.specs[prompt]
+        _require(
+            spec not in REWARD_FNS,
+            f"rewards.{prompt}",
+            f"the built-in {spec} grades one number, but data.jsonl.answer_format is latex: set rewards.{prompt}: "
+            "math_verify (or a reward of your own)",
+        )
+
+
 def _check_async(params: Params) -> None:
     """What ``grpo.max_staleness > 0`` needs: an engine on a device of its own, in a single-process run."""
     staleness = params.grpo.asynchrony.max_staleness
@@ -1257,6 +1344,7 @@ class Params:
         _check_distributed(self)
         _check_async(self)
         _check_context_length(self)
+        _check_latex_rewards(self)
 
     @property
     def prompt_names(self) -> set[str]:

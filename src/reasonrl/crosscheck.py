@@ -2,7 +2,7 @@
 
 The project's own grader (:mod:`reasonrl.grading`) stays the reward and the reported accuracy. math-verify reads
 numbers its own way (sympy, LaTeX and expression parsers), so where the two disagree one of them misreads an answer:
-``2+3`` for 5 is right to math-verify (it evaluates) and wrong to ours (two numbers), ``−3`` (U+2212) the reverse.
+``2+3`` for 5 is right to math-verify (it evaluates) and wrong to ours (two numbers), ``\\$18`` the reverse.
 
 Both judge the same text: the answer our reward function reads (the ``<answer>`` block for r1_zero, the last
 ``\\boxed{}`` or last number for question_only), against the ground truth. They are compared on the answer check,
@@ -11,37 +11,14 @@ Both judge the same text: the answer our reward function reads (the ``<answer>``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from math_verify import parse, verify
-
-from reasonrl.grading import extract_answer_block, extract_final_answer
+from reasonrl.prompts import ANSWER_TEXT_FNS
+from reasonrl.symbolic import verdict
 
 if TYPE_CHECKING:
     from reasonrl.evaluation import EvalResult
-
-# math-verify bounds each parse and each comparison with signal.alarm: model text such as "9^9^9^9" keeps sympy
-# comparing until the alarm (measured: verify returns False after exactly its timeout; with no timeout it never
-# returns). signal.alarm works only on the main thread (elsewhere math-verify raises ValueError), which is where the
-# final_eval stage and pytest run this. A GSM8K answer parses and compares in about a millisecond.
-MATH_VERIFY_TIMEOUT_SECONDS = 1
-
-GRADED_TEXT: dict[str, Callable[[str], str | None]] = {
-    "r1_zero": extract_answer_block,
-    "question_only": extract_final_answer,
-    "r1_zero_chat": extract_answer_block,
-}
-"""Each prompt's answer text as its reward function extracts it (``None``: nothing to grade)."""
-
-
-def math_verify_correct(answer: str | None, ground_truth: str) -> bool:
-    """math-verify's verdict on ``answer`` (already extracted) against the ground truth; no answer is wrong."""
-    if answer is None:
-        return False
-    gold = parse(ground_truth, parsing_timeout=MATH_VERIFY_TIMEOUT_SECONDS)
-    predicted = parse(answer, parsing_timeout=MATH_VERIFY_TIMEOUT_SECONDS)
-    return verify(gold, predicted, timeout_seconds=MATH_VERIFY_TIMEOUT_SECONDS)
 
 
 def crosscheck_grades(records: list[dict[str, Any]], prompt_name: str) -> dict[str, Any]:
@@ -51,15 +28,15 @@ def crosscheck_grades(records: list[dict[str, Any]], prompt_name: str) -> dict[s
     ``disagreements``: for each record where they differ, its ``question_index``, ``ground_truth``, the ``answer``
     text both judged, ``ours_correct`` (its ``answer_reward``) and ``math_verify_correct``.
     """
-    if prompt_name not in GRADED_TEXT:
-        raise ValueError(f"no answer extraction for prompt {prompt_name!r}; known: {', '.join(GRADED_TEXT)}")
+    if prompt_name not in ANSWER_TEXT_FNS:
+        raise ValueError(f"no answer extraction for prompt {prompt_name!r}; known: {', '.join(ANSWER_TEXT_FNS)}")
     if not records:
         raise ValueError("no evaluation records to cross-check")
     disagreements = []
     for record in records:
-        answer = GRADED_TEXT[prompt_name](record["response"])
+        answer = ANSWER_TEXT_FNS[prompt_name](record["response"])
         ours = record["answer_reward"] == 1.0
-        theirs = math_verify_correct(answer, record["ground_truth"])
+        theirs = verdict(answer, record["ground_truth"]).correct
         if ours != theirs:
             disagreements.append(
                 {

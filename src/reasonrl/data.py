@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from reasonrl.atomic import atomic_directory
+from reasonrl.contamination import Overlap
 from reasonrl.errors import ConfigError, UserError
 from reasonrl.grading import (
     ANSWER_DELIMITER,
@@ -37,9 +38,15 @@ from reasonrl.grading import (
     split_answer,
     strip_thousands_separators,
 )
+from reasonrl.symbolic import gold_parses
 
 SPLITS = ("train", "test")
-# The one environment lookup of the project: CI and offline machines point it at a local GSM8K copy.
+LATEX = "latex"
+"""The answer format graded by math-verify (:mod:`reasonrl.symbolic`): a line so marked keeps its answer as written."""
+SOURCE_LINE = "source_line"
+"""The key of a benchmark line's line number in its upstream file (``reasonrl.benchmarks``)."""
+# One of the project's two environment lookups (reasonrl.benchmarks' BENCHMARK_MIRROR the other): CI and offline
+# machines point it at a local GSM8K copy.
 MIRROR_ENV_VAR = "GSM8K_MIRROR"
 CHUNK_BYTES = 1 << 20
 """What a download or a hash reads at a time."""
@@ -77,7 +84,9 @@ def json_object(line: str, where: str) -> dict:
 
 
 def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> GSM8KExample:
-    """Parse one jsonl line; any defect raises :class:`DataFormatError` naming ``source:line_number``."""
+    """Parse one jsonl line; any defect raises :class:`DataFormatError` naming ``source:line_number``. A line with
+    ``"answer_format": "latex"`` (written by the download stage, which checked that math-verify reads it) keeps its
+    final answer as written: LaTeX, not one number."""
     where = f"{source}:{line_number}"
     record = json_object(line, where)
     for key in ("question", "answer"):
@@ -85,11 +94,12 @@ def parse_record(line: str, source: str = "<string>", line_number: int = 1) -> G
             raise DataFormatError(f"{where}: missing key '{key}'")
         if not isinstance(record[key], str) or not record[key].strip():
             raise DataFormatError(f"{where}: '{key}' must be a non-empty string")
+    latex = record.get("answer_format") == LATEX
     try:
-        reasoning, answer = split_answer(record["answer"])
+        reasoning, answer = split_answer(record["answer"], strip_separators=not latex)
     except ValueError as error:
         raise DataFormatError(f"{where}: answer has {error}") from None
-    if ground_truth_value(answer) is None:
+    if not latex and ground_truth_value(answer) is None:
         raise DataFormatError(
             f"{where}: the final answer after '{ANSWER_DELIMITER}', {answer!r}, is not one number the grader can "
             f"compare (such as 72, -3, 1,000 or 2.5): no response could ever be rewarded for it"
@@ -278,16 +288,19 @@ def write_lines(lines: Lines, path: Path) -> Counter[bytes]:
 
 @dataclass
 class Written:
-    """What :func:`write_data` wrote: the size of each split and test set (``test set <name>``), and how many lines
-    of each held-out file (``test`` and each test set) ask a question that a line of the train file (val
-    included) asks too."""
+    """What :func:`write_data` wrote: the size of each split, test set (``test set <name>``) and benchmark
+    (``benchmark <name>``); how many lines of each held-out file (``test`` and each test set) ask a question that a
+    line of the train file (val included) asks too; and each benchmark's contaminated questions
+    (:mod:`reasonrl.contamination`) by their line in its upstream file, left out when ``decontaminate``."""
 
     counts: dict[str, int] = field(default_factory=dict)
     in_train: dict[str, int] = field(default_factory=dict)
+    contaminated: dict[str, list[int]] = field(default_factory=dict)
 
 
 TEST_SETS_INDEX = "index.json"
-"""Beside the test sets: each one's number of questions, by name (``{}`` without ``eval.test_sets``)."""
+"""Beside the test sets: each test set's and benchmark's number of questions, by name (``{}`` without
+``eval.test_sets`` or ``eval.benchmarks``)."""
 
 
 def write_data(
@@ -298,16 +311,24 @@ def write_data(
     split_seed: int,
     out_dir: str | Path,
     test_sets_dir: str | Path,
+    benchmarks: Mapping[str, LineSource] | None = None,
+    decontaminate: bool = False,
 ) -> Written:
     """Write ``train`` (less val, carved by :func:`val_indices`), val and ``test`` to ``out_dir/{train,val,test}.jsonl``
-    and each test set to ``test_sets_dir/<name>.jsonl`` (and :data:`TEST_SETS_INDEX`), streaming, all atomically: any
-    error leaves both directories as they were. ``test_sets_dir`` is apart from the splits: DVC hashes a directory
-    output whole, so a set added to ``out_dir`` would make every stage that reads the splits rerun."""
-    written = Written()
+    and each test set and benchmark to ``test_sets_dir/<name>.jsonl`` (and :data:`TEST_SETS_INDEX`), streaming, all
+    atomically: any error leaves both directories as they were. ``test_sets_dir`` is apart from the splits: DVC hashes
+    a directory output whole, so a set added to ``out_dir`` would make every stage that reads the splits rerun. Each
+    benchmark is screened for contamination by the train file (val included); ``decontaminate`` leaves its
+    contaminated questions out."""
+    written, overlap = Written(), Overlap()
     with atomic_directory(out_dir) as staging, atomic_directory(test_sets_dir) as sets_staging:
         held_out = {"test": write_lines(test(staging), staging / "test.jsonl")}
         for name, lines in test_sets.items():
             held_out[f"test set {name}"] = write_lines(lines(sets_staging), sets_staging / f"{name}.jsonl")
+        screened = {}
+        for name, lines in (benchmarks or {}).items():
+            keys = write_lines(screen(lines(sets_staging), name, overlap), sets_staging / f"{name}.jsonl")
+            screened[f"benchmark {name}"] = keys.total()
         unsplit = staging / ".train.unsplit"
         seen: dict[str, set[bytes]] = {name: set() for name in held_out}
         count = 0
@@ -319,6 +340,8 @@ def write_data(
                 for name, keys in held_out.items():
                     if key in keys:
                         seen[name].add(key)
+                if overlap.active:
+                    overlap.scan(key, example_text(line))
         chosen = val_indices(count, val_size, split_seed)
         with (
             unsplit.open(encoding="utf-8", newline="\n") as lines,
@@ -328,23 +351,55 @@ def write_data(
             for index, line in enumerate(lines):
                 (val_out if index in chosen else train_out).write(line)
         unsplit.unlink()
+        found = overlap.found()
+        for name in benchmarks or {}:
+            positions = found.get(name, [])
+            written.contaminated[name] = set_aside(sets_staging / f"{name}.jsonl", positions, decontaminate)
+            screened[f"benchmark {name}"] -= len(positions) if decontaminate else 0
         written.counts = {"train": count - len(chosen), "val": len(chosen)}
-        written.counts |= {name: keys.total() for name, keys in held_out.items()}
+        written.counts |= {name: keys.total() for name, keys in held_out.items()} | screened
         written.in_train = {name: sum(keys[key] for key in seen[name]) for name, keys in held_out.items()}
         # DVC warns "'data/test_sets' is empty" each time it saves or hashes an empty output directory (four times
         # a run without eval.test_sets): the index keeps it from being empty, and says what it holds.
         sizes = {name: written.counts[f"test set {name}"] for name in test_sets}
+        sizes |= {name: written.counts[f"benchmark {name}"] for name in benchmarks or {}}
         (sets_staging / TEST_SETS_INDEX).write_text(json.dumps(sizes, indent=2) + "\n", encoding="utf-8")
     return written
+
+
+def screen(lines: Lines, name: str, overlap: Overlap) -> Lines:
+    """``lines`` as they are, each question added to ``overlap`` under ``name`` at its position."""
+    for position, (line, question) in enumerate(lines):
+        overlap.add(name, position, question, question_key(question))
+        yield line, question
+
+
+def example_text(line: str) -> str:
+    """A training line's question and answer (reasoning included): the text a contamination check compares."""
+    record = json.loads(line)
+    return f"{record['question']}\n{record['answer']}"
+
+
+def set_aside(path: Path, positions: list[int], drop: bool) -> list[int]:
+    """The upstream line (``source_line``) of each of ``path``'s lines at ``positions`` (from 0); with ``drop`` the
+    file is rewritten without them."""
+    wanted = set(positions)
+    lines = jsonl_lines(path.read_text(encoding="utf-8"))
+    source_lines = [json.loads(lines[position])[SOURCE_LINE] for position in positions]
+    if drop and wanted:
+        kept = [line for position, line in enumerate(lines) if position not in wanted]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return source_lines
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # A user's own data: jsonl files with any two field names, converted into GSM8K lines
 
-ANSWER_FORMATS = ("gsm8k", "number", "boxed")
+ANSWER_FORMATS = ("gsm8k", "number", "boxed", LATEX)
 """How an answer field is read: ``gsm8k`` reasoning then ``#### N``; ``number`` the field is the bare answer (a JSON
 number or a string), with no reasoning; ``boxed`` the last ``\\boxed{…}`` is the answer, the text before it the
-reasoning."""
+reasoning; ``latex`` the answer is written in LaTeX and graded with math-verify (:mod:`reasonrl.symbolic`): the last
+``\\boxed{…}`` when the field has one (the text before it the reasoning), else the whole field (MATH's ``answer``)."""
 
 
 @dataclass(frozen=True)
@@ -358,10 +413,10 @@ class JsonlFields:
 
 def read_answer(value: object, answer_format: str) -> tuple[str, str]:
     """(reasoning, final answer) of one answer field in ``answer_format``; ValueError says what is wrong."""
-    if answer_format == "number" and isinstance(value, int | float) and not isinstance(value, bool):
+    if answer_format in ("number", LATEX) and isinstance(value, int | float) and not isinstance(value, bool):
         return "", str(value)
     if not isinstance(value, str) or not value.strip():
-        kind = "a non-empty string or a JSON number" if answer_format == "number" else "a non-empty string"
+        kind = "a non-empty string or a JSON number" if answer_format in ("number", LATEX) else "a non-empty string"
         raise ValueError(f"must be {kind}")
     if answer_format == "gsm8k":
         try:
@@ -371,8 +426,10 @@ def read_answer(value: object, answer_format: str) -> tuple[str, str]:
     if answer_format == "number":
         return "", strip_thousands_separators(value.strip())
     content = last_boxed_content(value)
+    if answer_format == LATEX and BOXED_START not in value:
+        return "", value.strip()
     if content is None or not content.strip():
-        raise ValueError(f"has no closed, non-empty {BOXED_START}...}} (answer_format boxed)")
+        raise ValueError(f"has no closed, non-empty {BOXED_START}...}} (answer_format {answer_format})")
     return value[: value.rfind(BOXED_START)].strip(), content.strip()
 
 
@@ -391,15 +448,37 @@ def convert_record(line: str, fields: JsonlFields, source: str, line_number: int
         reasoning, answer = read_answer(record[fields.answer_field], fields.answer_format)
     except ValueError as error:
         raise DataFormatError(f"{where}: '{fields.answer_field}' {error}") from None
-    if ANSWER_DELIMITER in answer or ground_truth_value(answer) is None:
+    problem = answer_problem(answer, fields.answer_format)
+    if problem:
         raise DataFormatError(
             f"{where}: the answer read from '{fields.answer_field}' (answer_format {fields.answer_format}), "
-            f"{answer!r}, is not one number the grader can compare (such as 72, -3, 1,000, 2.5 or \\frac{{1}}{{2}}): "
-            "no response could ever be rewarded for it"
+            f"{answer!r}, is {problem}: no response could ever be rewarded for it"
         )
-    body = f"{reasoning}\n{ANSWER_DELIMITER} {answer}" if reasoning else f"{ANSWER_DELIMITER} {answer}"
     question = question.strip()
-    return json.dumps({"question": question, "answer": body}, ensure_ascii=False), question
+    return gsm8k_line(question, reasoning, answer, fields.answer_format), question
+
+
+def answer_problem(answer: str, answer_format: str) -> str | None:
+    """Why no response could be graded right against ``answer`` (read in ``answer_format``), None when one can:
+    for ``latex`` math-verify must read it (:func:`reasonrl.symbolic.gold_parses`), for the others the rational
+    grader must read it as one number."""
+    if ANSWER_DELIMITER in answer:
+        return f"not an answer (it holds {ANSWER_DELIMITER!r})"
+    if answer_format == LATEX:
+        return None if gold_parses(answer) else "not a formula math-verify can read"
+    if ground_truth_value(answer) is None:
+        return "not one number the grader can compare (such as 72, -3, 1,000, 2.5 or \\frac{1}{2})"
+    return None
+
+
+def gsm8k_line(
+    question: str, reasoning: str, answer: str, answer_format: str, extra: Mapping[str, object] | None = None
+) -> str:
+    """A GSM8K jsonl line: ``reasoning`` (may be empty), then ``#### answer``; a LaTeX answer says so, so that
+    :func:`parse_record` keeps it as written. ``extra`` keys go along (where a line came from)."""
+    body = f"{reasoning}\n{ANSWER_DELIMITER} {answer}" if reasoning else f"{ANSWER_DELIMITER} {answer}"
+    record = {"question": question, "answer": body} | ({"answer_format": LATEX} if answer_format == LATEX else {})
+    return json.dumps(record | dict(extra or {}), ensure_ascii=False)
 
 
 def jsonl_file_lines(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonrl.data import GSM8KExample
-from reasonrl.prompts import ANSWER_FNS, load_prompt
-from reasonrl.rewards import prompt_reward
+from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
+from reasonrl.rewards import MATH_VERIFY, prompt_reward
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -21,6 +21,7 @@ from reasonrl.statistics import (
     sign_flip_p_value,
     wilson_interval,
 )
+from reasonrl.symbolic import timeouts
 
 if TYPE_CHECKING:
     from reasonrl.config import EvalConfig
@@ -137,14 +138,18 @@ def evaluate(
     seed: int | None = None,
     progress: str | None = None,
     rewards: Mapping[str, str] | None = None,
+    extraction: str = ANSWER,
 ) -> EvalResult:
     """Generate ``config.samples_per_question`` answers per question with ``prompt_name`` and grade them with
     that prompt's reward function, ``rewards[prompt_name]`` (params' ``rewards``; None: the built-in). ``seed``
     makes the sampling repeatable (None: the engine's running stream). ``progress`` labels a progress bar over the
     answers; None (validation inside a training loop, which has its own bar) shows none. The answer a majority vote
-    counts is the prompt's built-in reading of the response, whichever function grades it."""
-    prompt, answer_fn = load_prompt(prompt_name), ANSWER_FNS[prompt_name]
-    reward_fn = prompt_reward(prompt_name, rewards)
+    counts is the prompt's built-in reading of the response, whichever function grades it; with ``extraction``
+    ``boxed`` (a LaTeX benchmark's, :data:`reasonrl.prompts.EXTRACTIONS`) math-verify reads, and the vote counts, the
+    boxed answer (:func:`reasonrl.prompts.vote_answer_fn`). Graded by ``math_verify``, the metrics count the answers
+    whose grading ran out of time (``grading_timeouts``: wrong)."""
+    prompt, answer_fn = load_prompt(prompt_name), vote_answer_fn(prompt_name, extraction)
+    reward_fn = prompt_reward(prompt_name, rewards, extraction=extraction)
     examples = examples[: config.num_examples]
     tokenizer = engine.tokenizer()
     prompts = [prompt.render(example.question, tokenizer) for example in examples]
@@ -159,6 +164,7 @@ def evaluate(
         seed=seed,
         progress=progress,
     )
+    timeouts_before = timeouts()
     records = []
     for index, (example, prompt, samples) in enumerate(zip(examples, prompts, outputs, strict=True)):
         for sample in samples:
@@ -174,35 +180,59 @@ def evaluate(
                     "length": sample.length,
                 }
             )
-    return EvalResult(metrics=summarize(records), records=records)
+    metrics = summarize(records)
+    if (rewards or {}).get(prompt_name) == MATH_VERIFY:
+        metrics["grading_timeouts"] = timeouts() - timeouts_before
+    return EvalResult(metrics=metrics, records=records)
+
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One held-out set sampled one way, which :func:`evaluate_checkpoints` runs for every model."""
+
+    examples: list[GSM8KExample]
+    config: EvalConfig
+    """The sampling (``eval.*``, or under one of ``eval.protocols``); every question is asked (``num_examples``
+    is ignored)."""
+    rewards: Mapping[str, str] | None = None
+    """Each prompt's reward spec (params' ``rewards``); None: the built-ins."""
+    extraction: str = ANSWER
+    """Where math-verify reads each answer (:func:`evaluate`): the set's benchmark declares it."""
 
 
 def evaluate_checkpoints(
     engine: RolloutEngine,
     model_dirs: Mapping[str, str | Path],
-    examples: list[GSM8KExample],
+    tasks: Mapping[Key, EvalTask],
     prompt_names: Mapping[str, str],
-    config: EvalConfig,
     seed: int,
-    rewards: Mapping[str, str] | None = None,
-) -> dict[str, EvalResult]:
-    """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on all of
-    ``examples`` with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward
-    (``rewards``, as :func:`evaluate`); one after another in the same engine, with identical sampling settings and
-    seed, each with a progress bar labelled by its name. Each summary records its ``prompt``."""
+) -> dict[Key, dict[str, EvalResult]]:
+    """Evaluate each model of ``model_dirs`` (same architecture and tokenizer as the engine's) on each of ``tasks``
+    with the prompt it was trained with, ``prompt_names[name]``, graded by that prompt's reward (the task's
+    ``rewards``, as :func:`evaluate`): ``{task: {model: result}}``. Each model is loaded into the engine once, then
+    every task runs on it with the same seed, so a task's answers do not depend on the tasks before it; a progress
+    bar per task, labelled by model and task (``str(key)``). Each summary records its ``prompt``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     device = engine.policy_device()  # where the training stages keep their policy: loading there is fastest
     dtype = getattr(torch, engine.config.dtype)  # the weights only pass through, into the engine
-    full = dataclasses.replace(config, num_examples=None)
-    results = {}
+    results: dict[Key, dict[str, EvalResult]] = {task: {} for task in tasks}
     for name, model_dir in model_dirs.items():
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         engine.sync_weights(model)
         del model
-        result = evaluate(engine, examples, prompt_names[name], full, seed=seed, progress=name, rewards=rewards)
-        results[name] = EvalResult({**result.metrics, "prompt": prompt_names[name]}, result.records)
+        for task_name, task in tasks.items():
+            full = dataclasses.replace(task.config, num_examples=None)
+            label = name if len(tasks) == 1 else f"{name} {task_name}"
+            prompt = prompt_names[name]
+            result = evaluate(
+                engine, task.examples, prompt, full, seed, label, rewards=task.rewards, extraction=task.extraction
+            )
+            results[task_name][name] = EvalResult({**result.metrics, "prompt": prompt}, result.records)
     return results
 
 

@@ -65,16 +65,19 @@ def strip_thousands_separators(text: str) -> str:
     return _THOUSANDS_SEPARATOR.sub("", text)
 
 
-def split_answer(answer_field: str) -> tuple[str, str]:
+def split_answer(answer_field: str, strip_separators: bool = True) -> tuple[str, str]:
     """Split a GSM8K answer field into (reasoning, final answer).
 
-    The final answer is the text after the last ``####``, stripped, thousands separators removed.
+    The final answer is the text after the last ``####``, stripped, thousands separators removed unless
+    ``strip_separators`` is false (a LaTeX answer: the comma of ``(1,234)`` separates a pair).
     Raises ``ValueError`` when there is no ``####`` or nothing after it.
     """
     reasoning, delimiter, final = answer_field.rpartition(ANSWER_DELIMITER)
     if not delimiter:
         raise ValueError(f"no '{ANSWER_DELIMITER}' before the final answer")
-    final = strip_thousands_separators(final.strip())
+    final = final.strip()
+    if strip_separators:
+        final = strip_thousands_separators(final)
     if not final:
         raise ValueError(f"nothing after '{ANSWER_DELIMITER}'")
     return reasoning.strip(), final

@@ -33,13 +33,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from reasonrl.data import LATEX
 from reasonrl.errors import UserError
-from reasonrl.prompts import REWARD_FNS
+from reasonrl.prompts import ANSWER, REWARD_FNS, answer_text_fn
+from reasonrl.symbolic import verdict
 
 RewardFn = Callable[..., dict[str, float]]
 """``fn(response, ground_truth) -> {"format_reward", "answer_reward", "reward"}``, optionally with an ``info``
 keyword (:class:`ResponseInfo` or None)."""
 INFO_KEYWORD = "info"
+MATH_VERIFY = "math_verify"
+"""The built-in reward that grades answers with math-verify (:func:`math_verify_reward`): LaTeX answers."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
     """``"rewards.tolerant:tolerant_reward"`` → ``("rewards.tolerant", "tolerant_reward")``."""
     module, colon, function = spec.partition(":")
     if not colon or not function.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
-        raise RewardSpecError(f"{spec!r} is neither a built-in reward ({', '.join(REWARD_FNS)}) nor module:function")
+        builtins = ", ".join([*REWARD_FNS, MATH_VERIFY])
+        raise RewardSpecError(f"{spec!r} is neither a built-in reward ({builtins}) nor module:function")
     if module.split(".")[0] != PACKAGE or module == PACKAGE:
         raise RewardSpecError(
             f"module {module!r} is no module of the repository's {PACKAGE}/ package: put it there and name it "
@@ -116,11 +121,48 @@ def _tree_package(root: Path) -> None:
         raise
 
 
-def reward_fn(spec: str, root: Path = ROOT) -> RewardFn:
-    """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call), or
-    ``rewards.<module>:<function>`` imported from ``root/rewards``."""
+def math_verify_reward(prompt: str, extraction: str = ANSWER) -> RewardFn:
+    """``prompt``'s built-in reward with its answer check done by math-verify (:func:`reasonrl.symbolic.verdict`,
+    within its time bound) on the answer text ``extraction`` reads (:func:`~reasonrl.prompts.answer_text_fn`; by
+    default the text the built-in reads): a LaTeX ground truth such as ``\\left( 3, \\frac{\\pi}{2} \\right)``.
+    The format check and how the two combine are the built-in's: r1_zero's reward needs both, question_only's the
+    answer. Never raises on its arguments."""
+    builtin, answer_text = REWARD_FNS[prompt], answer_text_fn(prompt, extraction)
+
+    def math_verify_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
+        if not isinstance(response, str) or not isinstance(ground_truth, str):
+            return dict.fromkeys(REWARD_KEYS, 0.0)
+        format_ok = builtin(response, ground_truth)["format_reward"] == 1.0
+        answer_ok = verdict(answer_text(response), ground_truth).correct
+        return {
+            "format_reward": float(format_ok),
+            "answer_reward": float(answer_ok),
+            "reward": float(format_ok and answer_ok),
+        }
+
+    return math_verify_reward_fn
+
+
+def rewards_for(answer_format: str, rewards: Mapping[str, str]) -> dict[str, str]:
+    """The reward of each prompt on a held-out set whose answers are written in ``answer_format``: params'
+    ``rewards``, but on a ``latex`` set :data:`MATH_VERIFY` in place of each number-only built-in (which would score
+    every answer to ``\\frac{\\pi}{2}`` 0); a user's own reward stays."""
+    if answer_format != LATEX:
+        return dict(rewards)
+    return {prompt: MATH_VERIFY if spec in REWARD_FNS else spec for prompt, spec in rewards.items()}
+
+
+def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None, extraction: str = ANSWER) -> RewardFn:
+    """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call),
+    :data:`MATH_VERIFY` (for ``prompt``, reading answers as ``extraction`` says), or ``rewards.<module>:<function>``
+    imported from ``root/rewards``. Only math-verify's grading takes an extraction: a built-in reads one number its
+    own way, a user's function the whole response."""
     if spec in REWARD_FNS:
         return REWARD_FNS[spec]
+    if spec == MATH_VERIFY:
+        if prompt not in REWARD_FNS:
+            raise RewardSpecError(f"{MATH_VERIFY} grades a prompt's answers as it reads them; no prompt {prompt!r}")
+        return math_verify_reward(prompt, extraction)
     module_name, function_name = parse_spec(spec)
     try:
         _tree_package(root)
@@ -161,10 +203,10 @@ def takes_info(function: RewardFn) -> bool:
     return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
 
 
-def check_reward(spec: str, root: Path = ROOT) -> RewardFn:
+def check_reward(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
     """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`), each with every one of
     :data:`PROBE_INFOS` when it takes ``info``."""
-    function = reward_fn(spec, root)
+    function = reward_fn(spec, root, prompt)
     calls = [{INFO_KEYWORD: info} for info in PROBE_INFOS] if takes_info(function) else [{}]
     for response, ground_truth in PROBES:
         for keywords in calls:
@@ -219,17 +261,20 @@ def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
     return checked_reward
 
 
-def prompt_reward(prompt: str, rewards: Mapping[str, str] | None = None, root: Path = ROOT) -> RewardFn:
+def prompt_reward(
+    prompt: str, rewards: Mapping[str, str] | None = None, root: Path = ROOT, extraction: str = ANSWER
+) -> RewardFn:
     """The function that grades ``prompt``'s responses, each result checked (:func:`checked`): ``rewards[prompt]``
-    (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None."""
+    (params' ``rewards`` section); the prompt's built-in when ``rewards`` is None. ``extraction``: as
+    :func:`reward_fn`."""
     spec = prompt if rewards is None else rewards[prompt]
-    return checked(reward_fn(spec, root), f"rewards.{prompt}", spec)
+    return checked(reward_fn(spec, root, prompt, extraction), f"rewards.{prompt}", spec)
 
 
 def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
     """SHA-256 over the ``.py`` files of ``root/rewards`` by relative name and content when ``spec`` is a user's
     (the module may import its neighbours); None for a built-in, whose code the stage's own code digest holds."""
-    if spec in REWARD_FNS:
+    if spec in REWARD_FNS or spec == MATH_VERIFY:
         return None
     directory = root / PACKAGE
     digest = hashlib.sha256()

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reasonrl.errors import UserError
-from reasonrl.grading import question_only_answer, question_only_reward_fn, r1_zero_answer, r1_zero_reward_fn
+from reasonrl.grading import (
+    extract_answer_block,
+    extract_final_answer,
+    last_boxed_content,
+    question_only_answer,
+    question_only_reward_fn,
+    r1_zero_answer,
+    r1_zero_reward_fn,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,6 +60,53 @@ ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
     "r1_zero_chat": r1_zero_answer,
 }
 """Each prompt's answer as a canonical number string (the reward function's reading of it), for majority votes."""
+ANSWER_TEXT_FNS: dict[str, Callable[[str], str | None]] = {
+    "r1_zero": extract_answer_block,
+    "question_only": extract_final_answer,
+    "r1_zero_chat": extract_answer_block,
+}
+"""Each prompt's answer text as its reward function reads it, before any number is read from it (``None``: none
+found): what math-verify grades (``reasonrl.rewards``' ``math_verify``, ``reasonrl.crosscheck``)."""
+ANSWER, BOXED = "answer", "boxed"
+EXTRACTIONS = (ANSWER, BOXED)
+"""Where math-verify reads a response's final answer (a benchmark declares one, ``reasonrl.benchmarks``).
+``answer``: the prompt's own reading (:data:`ANSWER_TEXT_FNS`: r1_zero's ``<answer>`` block, question_only's last
+``\\boxed{}`` or last number). ``boxed``: the last ``\\boxed{}`` within that reading (r1_zero's block may box a
+LaTeX answer after words: "the pair is \\boxed{(3, \\frac{\\pi}{2})}"), else the reading as it is; for question_only,
+whose reading takes the last box already, the two are the same."""
+
+
+def answer_text_fn(prompt: str, extraction: str = ANSWER) -> Callable[[str], str | None]:
+    """The answer text of ``prompt``'s responses as ``extraction`` (one of :data:`EXTRACTIONS`) reads it."""
+    own = ANSWER_TEXT_FNS[prompt]
+    if extraction == ANSWER:
+        return own
+    if extraction != BOXED:
+        raise ValueError(f"unknown extraction {extraction!r}; one of {', '.join(EXTRACTIONS)}")
+
+    def boxed_text(response: str) -> str | None:
+        text = own(response)
+        boxed = None if text is None else last_boxed_content(text)
+        return text if boxed is None else boxed.strip() or None
+
+    return boxed_text
+
+
+def vote_answer_fn(prompt: str, extraction: str = ANSWER) -> Callable[[str], str | None]:
+    """What a majority vote counts of ``prompt``'s responses: the canonical number (:data:`ANSWER_FNS`); with
+    ``boxed`` the extracted LaTeX without its spaces (equivalent forms such as ``\\frac12`` and ``0.5`` count
+    apart)."""
+    if extraction == ANSWER:
+        return ANSWER_FNS[prompt]
+    text_fn = answer_text_fn(prompt, extraction)
+
+    def voted(response: str) -> str | None:
+        text = text_fn(response)
+        return None if text is None else "".join(text.split()) or None
+
+    return voted
+
+
 ROLES = ("system", "user", "assistant")
 _HEADER = re.compile(r"\[(\w+)\]")
 # What a writer meant as a header: a role in brackets at the line's start, however spaced or cased, or a bracketed

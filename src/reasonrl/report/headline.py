@@ -12,25 +12,37 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.atomic import atomic_write_text
-from reasonrl.report.inputs import ReportInputError, load_json, load_summaries, test_set_summaries
+from reasonrl.protocols import BENCHMARK_SETS, PROTOCOLS, TEST, TEST_SETS, slot_summaries
+from reasonrl.report.inputs import ReportInputError, load_json, load_summaries
 from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
+
+ACCURACY_KEYS = {TEST: "test_accuracy", TEST_SETS: "test_set_accuracy", BENCHMARK_SETS: "benchmark_accuracy"}
+"""The headline's key of each kind of held-out set's accuracies."""
 
 
 def headline_metrics(reports_dir: Path) -> dict[str, Any]:
-    """Each route's test accuracy (``final/metrics.json``) and, with ``eval.test_sets``, its accuracy on each of them;
-    GRPO's best validation accuracy and the wall-clock seconds of each trained route's stage (its
-    ``<reports_dir>/metrics.json``, :mod:`reasonrl.routes`: the run that completed the stage). A missing
-    training-stage input gives null."""
+    """Each route's test accuracy (``final/metrics.json``) and, with ``eval.test_sets`` and ``eval.benchmarks``, its
+    accuracy on each of them (``test_set_accuracy``, ``benchmark_accuracy``); the same for each of
+    ``eval.protocols`` under ``protocols.<name>``; GRPO's best validation accuracy and the wall-clock seconds of each
+    trained route's stage (its ``<reports_dir>/metrics.json``, :mod:`reasonrl.routes`: the run that completed the
+    stage). A missing training-stage input gives null. Accuracies only: their intervals and paired tests are the
+    report's and ``reasonrl.compare``'s tables (``dvc exp show`` lists a column per number)."""
     reports = Path(reports_dir)
     final_path = reports / "final" / "metrics.json"
     final = load_summaries(final_path, required=ROUTES)
     trained = {route: stage_metrics(reports / ROUTE[route].reports_dir / "metrics.json") for route in TRAINED_ROUTES}
-    sets = test_set_summaries({route: final[route] for route in ROUTES}, final_path)
-    headline: dict[str, Any] = {"test_accuracy": {route: final[route]["accuracy"] for route in ROUTES}}
-    if sets:
-        headline["test_set_accuracy"] = {
-            name: {r: s["accuracy"] for r, s in by_route.items()} for name, by_route in sets.items()
-        }
+    try:
+        slots = slot_summaries({route: final[route] for route in ROUTES})
+    except ValueError as error:
+        raise ReportInputError(f"{final_path}: {error}") from None
+    headline: dict[str, Any] = {}
+    for slot, by_route in slots.items():
+        owner = headline if slot.protocol is None else headline.setdefault(PROTOCOLS, {}).setdefault(slot.protocol, {})
+        accuracies = {route: summary["accuracy"] for route, summary in by_route.items()}
+        if slot.kind == TEST:
+            owner[ACCURACY_KEYS[TEST]] = accuracies
+        else:
+            owner.setdefault(ACCURACY_KEYS[slot.kind], {})[slot.name] = accuracies
     headline["grpo_best_val_accuracy"] = trained["grpo"].get("best_val_accuracy")
     headline["wall_clock_seconds"] = {route: trained[route].get("wall_clock_seconds") for route in TRAINED_ROUTES}
     return headline

@@ -1,8 +1,10 @@
 """The report page, section by section: the summary verdict, the run's details, then the test results, the training
 curves and example answers (:func:`build_report`).
 
-Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set, and on
-each of ``eval.test_sets`` under the route's ``test_sets``), ``final/generations/<route>.jsonl`` (the graded test
+Inputs, under the reports directory: ``final/metrics.json`` (required: the four routes on the test set, on
+each of ``eval.test_sets`` and ``eval.benchmarks`` under the route's ``test_sets`` and ``benchmarks``, and under each
+of ``eval.protocols`` the same under ``protocols``), ``download/benchmarks.json`` (each benchmark's records and
+contamination), ``final/generations/<route>.jsonl`` (the graded test
 answers: the paired test of the two best routes and the example answers), ``final/grader_crosscheck.json`` (the
 answers math-verify grades differently from our grader), ``baseline/metrics.json`` (zero-shot, one summary per
 prompt), each training stage's ``metrics.json`` (its wall clock) and DVCLive directory ``{sft,ei,grpo}/live``, and
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.evaluation import paired_comparison
+from reasonrl.protocols import slot_summaries
+from reasonrl.report.benchmarks import benchmarks_section
 from reasonrl.report.curves import dynamics_section, grpo_rollouts_section, validation_section, wallclock_section
 from reasonrl.report.document import Heading, Link, Note, Paragraph, Report, Table
 from reasonrl.report.environment import RunEnvironment
@@ -222,6 +226,11 @@ def build_report(inputs: ReportInputs) -> Report:
     accuracy_section(report, final, final_path, mark)
     if sets := test_set_summaries(final, final_path):
         extra_test_sets_section(report, sets, final_path)
+    try:
+        slots = slot_summaries(final)
+    except ValueError as error:
+        raise ReportInputError(f"{final_path}: {error}") from None
+    benchmarks_section(report, slots, params, final_path, reports / "download" / "benchmarks.json")
     validation_section(report, live, mark)
     grpo_rollouts_section(report, live, mark)
     wallclock_section(report, live, mark)
