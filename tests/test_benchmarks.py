@@ -26,6 +26,7 @@ from reasonrl.benchmarks import (
 )
 from reasonrl.contamination import words
 from reasonrl.data import LATEX, TEST_SETS_INDEX, DataFormatError, load_gsm8k
+from reasonrl.data import MIRROR_ENV_VAR as GSM8K_MIRROR_ENV_VAR
 from reasonrl.grading import ground_truth_value
 from reasonrl.prompts import EXTRACTIONS
 from reasonrl.rewards import prompt_reward, rewards_for
@@ -169,6 +170,34 @@ def test_the_source_is_the_param_then_the_environment_then_the_pinned_url(monkey
     assert benchmark_location(math500, None) == "/env/math500/test.jsonl"
     assert benchmark_location(math500, "/param") == "/param/math500/test.jsonl"
     assert benchmark_location(math500, "http://host/m/") == "http://host/m/math500/test.jsonl"
+
+
+def test_gsm8k_is_read_from_the_benchmark_mirror_else_the_gsm8k_mirror_else_its_pinned_url(monkeypatch, tmp_path):
+    gsm8k = BENCHMARKS["gsm8k"]
+    monkeypatch.delenv(MIRROR_ENV_VAR, raising=False)
+    monkeypatch.delenv(GSM8K_MIRROR_ENV_VAR, raising=False)
+    assert benchmark_location(gsm8k, None) == gsm8k.url
+    assert gsm8k.url.startswith("https://raw.githubusercontent.com/openai/grade-school-math/b52325a")
+    monkeypatch.setenv(GSM8K_MIRROR_ENV_VAR, "/gsm8k")
+    assert benchmark_location(gsm8k, None) == "/gsm8k/test.jsonl"
+    assert benchmark_location(gsm8k, str(tmp_path)) == "/gsm8k/test.jsonl"  # the benchmark mirror has no copy
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").touch()
+    assert benchmark_location(gsm8k, str(tmp_path)) == str(tmp_path / "gsm8k" / "test.jsonl")
+    assert benchmark_location(BENCHMARKS["svamp"], None) == BENCHMARKS["svamp"].url  # GSM8K's mirror is its own
+
+
+def test_gsm8k_reads_every_test_question_and_its_final_answer(monkeypatch, tmp_path, gsm8k_mirror):
+    monkeypatch.setenv(GSM8K_MIRROR_ENV_VAR, str(gsm8k_mirror))
+    read = list(read_benchmark(BENCHMARKS["gsm8k"], str(tmp_path / "no copy"), CAP, tmp_path))
+    test = load_gsm8k(gsm8k_mirror / "test.jsonl")
+    assert len(read) == BENCHMARKS["gsm8k"].records == len(test) == 1319
+    assert [record.question for record in read] == [example.question for example in test]
+    assert all(record.problem is None for record in read)
+    assert [ground_truth_value(record.gold) for record in read] == [ground_truth_value(e.answer) for e in test]
+    reward = prompt_reward("r1_zero", rewards_for(BENCHMARKS["gsm8k"].answer_format, {"r1_zero": "r1_zero"}))
+    assert read[0].question.startswith("Janet\u2019s ducks lay 16 eggs per day")
+    assert [reward(RESPONSE.format(answer), read[0].gold)["reward"] for answer in ("18", "$18", "9")] == [1, 1, 0]
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):

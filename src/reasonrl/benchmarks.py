@@ -3,8 +3,11 @@ and by SHA-256, and how a question and its gold answer are read from its fields.
 
 Eight come from the Qwen2.5-Math evaluation harness (``evaluation/data/<name>/test.jsonl``), whose published tables
 users quote; MATH-500 from openai/prm800k (a Git LFS file, fetched through GitHub's media host, which resolves LFS
-objects). ``$BENCHMARK_MIRROR`` (or ``eval.benchmark_mirror``) names a local directory holding ``<name>/test.jsonl``
-for offline machines, as ``$GSM8K_MIRROR`` does for GSM8K; the files are checked against the same SHA-256 either way.
+objects); GSM8K's test split from openai/grade-school-math, the file the pipeline's own GSM8K data reads (so that
+``eval.benchmarks: [gsm8k]`` puts GSM8K under the named protocols when the pipeline trains on other data).
+``$BENCHMARK_MIRROR`` (or ``eval.benchmark_mirror``) names a local directory holding ``<name>/test.jsonl`` for
+offline machines, as ``$GSM8K_MIRROR`` does for GSM8K (where the ``gsm8k`` benchmark is read when the benchmark
+mirror has no copy); the files are checked against the same SHA-256 either way.
 
 The download stage writes each benchmark as GSM8K lines (``reasonrl.data``) beside ``eval.test_sets``, a LaTeX
 answer marked as such. A question whose gold answer its grader cannot read is left out and counted, never graded
@@ -35,13 +38,18 @@ from reasonrl.data import (
     local_file,
     verify_sha256,
 )
-from reasonrl.grading import last_boxed_content
+from reasonrl.data import MIRROR_ENV_VAR as GSM8K_MIRROR_ENV_VAR
+from reasonrl.grading import ANSWER_DELIMITER, last_boxed_content
 from reasonrl.prompts import ANSWER, BOXED
 
 MIRROR_ENV_VAR = "BENCHMARK_MIRROR"
 NUMBER = "number"
 QWEN_MATH_EVAL = (
     "https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/a45202bd16f1ec06f433442dc1152d0074773465/evaluation/data"
+)
+GSM8K_TEST = (
+    "https://raw.githubusercontent.com/openai/grade-school-math/b52325ad96ea38979fdc222e881ff5d105f95295/"
+    "grade_school_math/data/test.jsonl"
 )
 PRM800K_MATH500 = (
     "https://media.githubusercontent.com/media/openai/prm800k/7ecc794703b2877f63226f2477a49b34f9b25163/"
@@ -73,6 +81,9 @@ class Benchmark:
     """Its gold answer as text, from its fields."""
     fields: tuple[str, ...] = field(default=())
     """The keys a record must have (a missing one is an error naming file and line)."""
+    own_mirror: str | None = None
+    """An environment variable naming a directory that holds this benchmark's file as ``test.jsonl`` itself
+    (GSM8K's test split, in ``$GSM8K_MIRROR``), read when the benchmark mirror has no copy of it."""
 
 
 def number_text(value: object) -> str:
@@ -200,6 +211,18 @@ BENCHMARKS: dict[str, Benchmark] = {
             "input",
             "target",
         ),
+        Benchmark(
+            "gsm8k",
+            GSM8K_TEST,
+            "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
+            1319,
+            NUMBER,
+            ANSWER,
+            lambda r: r["question"],
+            lambda r: r["answer"].rpartition(ANSWER_DELIMITER)[2].strip(),
+            ("question", "answer"),
+            own_mirror=GSM8K_MIRROR_ENV_VAR,
+        ),
     )
 }
 """Every benchmark ``eval.benchmarks`` can name."""
@@ -207,13 +230,16 @@ BENCHMARKS: dict[str, Benchmark] = {
 
 def benchmark_location(benchmark: Benchmark, mirror: str | None) -> str:
     """Where ``benchmark``'s file is read: ``<mirror>/<name>/test.jsonl`` when a mirror is given (the
-    ``eval.benchmark_mirror`` param, else ``$BENCHMARK_MIRROR``), else its pinned URL."""
+    ``eval.benchmark_mirror`` param, else ``$BENCHMARK_MIRROR``), else its pinned URL; a benchmark with a mirror of
+    its own (:attr:`Benchmark.own_mirror`) is read there when that is set and the benchmark mirror has no copy."""
     mirror = mirror or os.environ.get(MIRROR_ENV_VAR)
-    if not mirror:
-        return benchmark.url
-    if is_url(mirror):
+    if mirror and is_url(mirror):
         return f"{mirror.rstrip('/')}/{benchmark.name}/test.jsonl"
-    return str(Path(mirror) / benchmark.name / "test.jsonl")
+    mirrored = Path(mirror) / benchmark.name / "test.jsonl" if mirror else None
+    own = os.environ.get(benchmark.own_mirror) if benchmark.own_mirror else None
+    if own and not (mirrored and mirrored.is_file()):
+        return str(Path(own) / "test.jsonl")
+    return str(mirrored) if mirrored else benchmark.url
 
 
 @dataclass(frozen=True)

@@ -357,7 +357,7 @@ class EvalConfig:
     """Extra held-out sets final_eval grades every route on, each reported on its own (docs/own-data.md)."""
     benchmarks: list[BenchmarkName] = field(default_factory=list)
     """Standard benchmarks by name (``reasonrl.benchmarks``: math500, aime24, amc23, minerva_math, olympiadbench,
-    college_math, svamp, asdiv, mawps), downloaded by the download stage from their pinned upstream files."""
+    college_math, svamp, asdiv, mawps, gsm8k), downloaded by the download stage from their pinned upstream files."""
     benchmark_mirror: str | None = None
     """Local directory holding ``<name>/test.jsonl`` for each benchmark; null → env BENCHMARK_MIRROR, else download
     each from its pinned URL."""
