@@ -14,20 +14,25 @@ every step a gradient, as training with rewards would).
 - asynchronous (``max_staleness: --max-staleness``, 1 by default, ``rollout_is_cap: 2``): the engine in its own
   process pinned to the first half of the cores, the trainer pinned to the rest (one core each on 2 cores); step s
   trains on rollouts drawn with step s − k's weights while the engine draws the next steps'. The correction needs
-  π_old, so this peer also runs the old-log-prob pass, which the synchronous REINFORCE step skips: its cost is in
-  the comparison.
+  π_old; with one optimizer step per rollout batch, as here, it is the update's own forward, detached
+  (``reasonrl.grpo.old_log_probs_source``), so neither peer runs an old-log-prob pass: their ``old_log_prob`` phase
+  is the KL reference's forward.
 
 Timing: ``time/step_seconds`` of each GRPO step as the loop logs it (rollouts or the wait for them, scoring,
-old log-probs, training, and for the asynchronous peer streaming the new weights to the engine), validation left
+fixed log-probs, training, and for the asynchronous peer streaming the new weights to the engine), validation left
 out; the first ``--warmup-steps`` steps are dropped and the median of the rest reported, with each phase's median.
 The asynchronous peer runs first, then the synchronous one (whose in-process engine binds this process's threads).
 
-The expected ratio at the 1.5B shape: a step of the synchronous loop takes generation + training; the asynchronous
-one, once the pipeline is full, max(generation, training) + the weight transfer. Training is the measured phase times
-of ``bench/gpu_train_step.py`` on one H200 (``--gpu-train-seconds``: 4.3 s per optimizer step of 256 responses at a
-16k-token budget + 2.4 s of old log-probs). Generation is ``--gpu-tokens`` response tokens at
-``--engine-tokens-per-second``, which was not measured (no vLLM on the lent GPU): the default is an assumption,
-printed as one. The weight transfer (3.1 GB of bf16 weights) over NVLink is well under 0.1 s and left out.
+The expected ratio at the 1.5B shape, on two GPUs (the engine on one, the trainer on the other): a step of the
+synchronous loop takes generation + training; the asynchronous one, once the pipeline is full, max(generation,
+training) + the weight transfer. Each loop is charged the phases its config runs at the shape of ``params.yaml``
+(256 responses, one optimizer step per rollout batch), ``--gpu-loss-type`` and ``--gpu-kl-coef``: the update, plus
+one gradient-free forward over the batch for π_old's separate pass (only where later optimizer steps need it) and
+one for π_ref (a KL penalty). The update's and the forward's seconds are H200 figures of ``bench/gpu_train_step.py``
+(``--gpu-update-seconds``, ``--gpu-fixed-pass-seconds``); generation is ``--gpu-tokens`` response tokens at
+``--engine-tokens-per-second``, which was not measured (no vLLM on the lent GPU): an assumption, printed as one.
+The weight transfer (3.1 GB of bf16 weights) over NVLink is well under 0.1 s and left out. The bench prints each
+input with where it comes from.
 
 Run: ``python bench/async_grpo.py`` (about 3 minutes on 2 cores). The last line is the headline ratio.
 ``--peers async`` or ``--peers sync`` runs one peer alone: ``tests/test_bench.py`` runs the asynchronous peer at a
@@ -50,7 +55,8 @@ import torch
 from reasonrl.cli import open_live
 from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig, TinyModelSpec
 from reasonrl.data import parse_lines
-from reasonrl.grpo import run_grpo
+from reasonrl.grpo import old_log_probs_source, run_grpo
+from reasonrl.loss_registry import LOSS_TYPES
 from reasonrl.models import prepare_base_model
 from reasonrl.rollouts.process import start_engine
 from reasonrl.synthetic import arithmetic_lines
@@ -80,7 +86,16 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--peers", choices=PEERS, default="both", help="run both peers (the ratio) or one alone")
     parser.add_argument("--max-staleness", type=int, default=1, help="the asynchronous peer's lag (≥ 1)")
-    parser.add_argument("--gpu-train-seconds", type=float, default=4.3 + 2.4, help="1.5B training phase (H200)")
+    parser.add_argument(
+        "--gpu-update-seconds", type=float, default=4.3, help="1.5B: one optimizer step over 256 responses (H200)"
+    )
+    parser.add_argument(
+        "--gpu-fixed-pass-seconds", type=float, default=2.4, help="1.5B: a gradient-free forward over them (H200)"
+    )
+    parser.add_argument(
+        "--gpu-loss-type", choices=sorted(LOSS_TYPES), default="reinforce_with_baseline", help="1.5B loops' loss"
+    )
+    parser.add_argument("--gpu-kl-coef", type=float, default=0.0, help="1.5B loops' KL penalty (params.yaml: 0)")
     parser.add_argument("--gpu-tokens", type=int, default=256 * 360, help="response tokens per 1.5B step")
     parser.add_argument(
         "--engine-tokens-per-second", type=float, default=20_000.0, help="assumed vLLM throughput, 1.5B, one GPU"
@@ -136,6 +151,40 @@ def report(name: str, times: dict[str, list], warmup: int) -> dict[str, float]:
     return medians
 
 
+def fixed_passes(config: GRPOConfig) -> list[str]:
+    """The gradient-free forwards over the rollout batch that a step of ``config`` runs before its update."""
+    separate = ["old-log-prob pass"] if old_log_probs_source(config) == "separate_pass" else []
+    return separate + (["KL reference pass"] if config.loss.kl_coef > 0 else [])
+
+
+def projection(args: argparse.Namespace) -> list[str]:
+    """The expected seconds per step of both loops at the 1.5B shape, each charged the phases its config runs
+    (:func:`fixed_passes`), after the inputs and where each comes from; the last line is the expected ratio."""
+    sync = GRPOConfig(loss_type=args.gpu_loss_type, kl_coef=args.gpu_kl_coef)  # params.yaml's shape: 256 responses
+    lagged = dataclasses.replace(sync, max_staleness=1, rollout_is_cap=2.0)
+    generation = args.gpu_tokens / args.engine_tokens_per_second
+    update, forward = args.gpu_update_seconds, args.gpu_fixed_pass_seconds
+    lines = [
+        f"1.5B inputs measured on one H200 by bench/gpu_train_step.py (not by this run): update {update:.1f} s, "
+        f"gradient-free forward {forward:.1f} s, each over 256 responses of 160 + 120-600 tokens",
+        f"1.5B inputs assumed: generation of {args.gpu_tokens} response tokens at {args.engine_tokens_per_second:,.0f}"
+        " tok/s (vLLM never ran on the lent GPU); the weight transfer, 3.1 GB over NVLink, under 0.1 s (left out)",
+    ]
+    training = {}
+    for name, config in (("synchronous", sync), ("max_staleness 1", lagged)):
+        passes = fixed_passes(config)
+        training[name] = args.gpu_update_seconds + len(passes) * args.gpu_fixed_pass_seconds
+        charged = " + ".join(["update", *passes])
+        lines.append(f"1.5B {name}, {config.loss.loss_type}: training {training[name]:.1f} s ({charged})")
+    synchronous = generation + training["synchronous"]
+    lagged_step = max(generation, training["max_staleness 1"])
+    lines.append(
+        f"1.5B on two GPUs, expected: generation {generation:.1f} s, synchronous {synchronous:.1f} s/step, "
+        f"max_staleness 1 {lagged_step:.1f} s/step, ratio {synchronous / lagged_step:.2f}x"
+    )
+    return lines
+
+
 def main() -> None:
     args = parse_args()
     config = GRPOConfig(
@@ -171,14 +220,8 @@ def main() -> None:
                 times = run_peer(lag, model_dir, train, config, args, Path(workdir))
                 medians[name] = report(f"{name} (max_staleness {lag})", times, args.warmup_steps)
 
-    generation = args.gpu_tokens / args.engine_tokens_per_second
-    training = args.gpu_train_seconds
-    print(
-        f"1.5B on two GPUs, expected: generation {generation:.1f} s ({args.gpu_tokens} tokens at an assumed "
-        f"{args.engine_tokens_per_second:,.0f} tok/s, not measured), training {training:.1f} s (measured, H200): "
-        f"synchronous {generation + training:.1f} s/step, max_staleness 1 {max(generation, training):.1f} s/step, "
-        f"ratio {(generation + training) / max(generation, training):.2f}x"
-    )
+    for line in projection(args):
+        print(line)
     if args.peers == "both":
         ratio = medians["sync"]["step"] / medians["async"]["step"]
         print(f"async_grpo_speedup_vs_sync: {ratio:.2f}x (target >= 1.5x on 2 cores)")

@@ -106,7 +106,7 @@ def main() -> None:
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
     add_all_paired_comparisons(results, {route: start_model(params, route) for route in TRAINED_ROUTES})
     # A second, independent grader on every test answer: its disagreements with ours go to the report.
-    disagreements = add_grader_crosschecks(results[UNNAMED_TEST])
+    disagreements = add_grader_crosschecks(results[UNNAMED_TEST], tasks[UNNAMED_TEST].rewards)
     with atomic_directory(args.generations) as staging:
         for slot, by_route in results.items():
             directory = staging / slot.directory

@@ -200,6 +200,32 @@ def test_lag_zero_is_the_synchronous_loop(engine, tiny_model_dir, tmp_path):
     assert len(syncs) == 5 and all(0 < sync < rollout for sync, rollout in zip(syncs, rollouts, strict=True))
 
 
+@pytest.mark.slow
+def test_the_old_log_prob_pass_runs_only_when_a_later_optimizer_step_needs_it(engine, tiny_model_dir, tmp_path):
+    """grpo_clip with the importance weights, no KL penalty (an entropy bonus gives each step its signal): with one
+    optimizer step per rollout batch the policy runs only the update's forwards, one per microbatch, and no
+    ``old_log_prob`` time is logged; with two epochs the pass before the update runs (its two microbatches) and is
+    timed."""
+    one_step = dataclasses.replace(
+        CONFIG, n_grpo_steps=1, eval_every=100, loss_type="grpo_clip", cliprange=0.2, rollout_is_cap=2.0, kl_coef=0.0,
+        entropy_coef=0.01, weight_decay=0.0, keep_every=0,
+    )  # fmt: skip
+    two_epochs = dataclasses.replace(one_step, epochs_per_rollout_batch=2)
+    forwards_per_step = {}
+    for name, config in (("one step", one_step), ("two epochs", two_epochs)):
+        policy, tokenizer = load_policy(tiny_model_dir, torch.device("cpu"))
+        forwards = []
+        decoder = policy.get_decoder()  # what the trainer runs (a chunked head follows it, not the HF forward)
+        decoder.register_forward_hook(lambda module, args, output, seen=forwards: seen.append(torch.is_grad_enabled()))
+        run(engine, policy, tokenizer, tiny_model_dir, tmp_path / name, config)
+        forwards_per_step[name] = (forwards.count(True), forwards.count(False))  # (with, without gradient)
+        timed = (tmp_path / name / "live/plots/metrics/time/old_log_prob_seconds.tsv").exists()
+        assert timed == (name == "two epochs")
+        assert len(column(tmp_path / name, "train/is_log_prob_gap_max")) == config.batching.epochs_per_rollout_batch
+    microbatches = CONFIG.batching.gradient_accumulation_steps
+    assert forwards_per_step == {"one step": (microbatches, 0), "two epochs": (2 * microbatches, microbatches)}
+
+
 def tempered_scores(policy, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference: ``log_softmax(logits / T)`` of the full HF forward at the labels, and its entropy, ``[N, L]``."""
     with torch.no_grad():

@@ -2,6 +2,7 @@
 break a bench unseen; a peer's half runs too where its packages are installed, and is skipped, with the reason,
 where they are not. Nothing here checks a speed: the benches measure that, against their peers in the same run."""
 
+import argparse
 import functools
 import importlib.util
 import os
@@ -14,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from reasonrl.config import GRPOConfig
 from reasonrl.data import MIRROR_ENV_VAR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,3 +221,25 @@ def test_async_grpo_own_half_runs_small(tmp_path):
         re.match(r"async \(max_staleness 1\): [\d.]+ s/step \(rollout [\d.]+, .*engine [\d.]+", line) for line in lines
     )
     assert re.match(r"1\.5B on two GPUs, expected: .* ratio [\d.]+x$", lines[-1])
+    assert any(line.startswith("1.5B inputs measured on one H200") for line in lines)
+    assert any(line.startswith("1.5B inputs assumed: ") for line in lines)
+
+
+def test_async_grpos_projection_charges_each_loop_the_passes_its_config_runs():
+    """At 1.5B the default loss (reinforce_with_baseline) reads no π_old, and lag 1's correction takes it from the
+    update's own forward (one optimizer step per rollout batch): neither loop is charged an old-log-prob pass. A KL
+    penalty charges both its reference pass; two epochs would charge a ratio loss the old-log-prob pass."""
+    bench = load_bench("async_grpo")
+    args = argparse.Namespace(
+        gpu_update_seconds=4.0, gpu_fixed_pass_seconds=2.0, gpu_loss_type="reinforce_with_baseline", gpu_kl_coef=0.0,
+        gpu_tokens=100_000, engine_tokens_per_second=20_000.0,
+    )  # fmt: skip
+    lines = bench.projection(args)
+    assert lines[-1].endswith("generation 5.0 s, synchronous 9.0 s/step, max_staleness 1 5.0 s/step, ratio 1.80x")
+    assert "1.5B synchronous, reinforce_with_baseline: training 4.0 s (update)" in lines
+    assert "1.5B max_staleness 1, reinforce_with_baseline: training 4.0 s (update)" in lines
+    lines = bench.projection(argparse.Namespace(**{**vars(args), "gpu_loss_type": "grpo_clip", "gpu_kl_coef": 0.04}))
+    assert "1.5B max_staleness 1, grpo_clip: training 6.0 s (update + KL reference pass)" in lines
+    assert lines[-1].endswith("synchronous 11.0 s/step, max_staleness 1 6.0 s/step, ratio 1.83x")
+    two_epochs = GRPOConfig(loss_type="grpo_clip", epochs_per_rollout_batch=2, max_staleness=1, rollout_is_cap=2.0)
+    assert bench.fixed_passes(two_epochs) == ["old-log-prob pass"]

@@ -3,10 +3,15 @@ rate and the listed disagreements (its time bound: tests/test_symbolic.py)."""
 
 import pytest
 
+from reasonrl import symbolic
+from reasonrl.config import EvalConfig
 from reasonrl.crosscheck import add_grader_crosschecks, crosscheck_grades
-from reasonrl.evaluation import EvalResult
+from reasonrl.data import GSM8KExample
+from reasonrl.evaluation import EvalResult, evaluate
 from reasonrl.grading import question_only_reward_fn, r1_zero_reward_fn
 from reasonrl.prompts import ANSWER_TEXT_FNS, PROMPT_NAMES
+from reasonrl.rewards import MATH_VERIFY
+from reasonrl.rollouts.types import Sample
 
 
 def r1_zero_records(cases: list[tuple[str, str]]) -> list[dict]:
@@ -81,3 +86,29 @@ def test_every_prompt_has_its_answer_text():
     assert set(ANSWER_TEXT_FNS) == set(PROMPT_NAMES)
     with pytest.raises(ValueError, match="no answer extraction for prompt 'tagged'"):
         crosscheck_grades(r1_zero_records(R1_ZERO_CASES), "tagged")
+
+
+def test_answers_math_verify_graded_are_not_graded_again(monkeypatch):
+    """``rewards.r1_zero: math_verify``: the evaluation's grade is math-verify's, so the cross-check takes it (full
+    agreement) instead of running math-verify on every answer a second time. Counted by the grader's own timeouts:
+    an answer that runs math-verify out of time does so once, in the evaluation."""
+    monkeypatch.setattr(symbolic, "GRADING_SECONDS", 0.5)
+    texts = [f"thinking </think> <answer> {answer} </answer>" for answer in ("2+1", "9^{9^{9^{9}}}", "4")]
+
+    class Engine:  # answers every question with the texts above
+        def tokenizer(self):
+            return None
+
+        def generate(self, prompts, n, **sampling):
+            return [[Sample(text, [1], None, prompt_token_ids=[2], finish="stop_string") for text in texts]]
+
+    rewards = {"r1_zero": MATH_VERIFY}
+    before = symbolic.timeouts()
+    config, question = EvalConfig(samples_per_question=3), GSM8KExample("q", "", "3")
+    result = evaluate(Engine(), [question], "r1_zero", config, rewards=rewards)
+    assert symbolic.timeouts() == before + 1 and [record["answer_reward"] for record in result.records] == [1, 0, 0]
+    results = {"grpo": EvalResult({"prompt": "r1_zero"}, result.records)}
+    assert add_grader_crosschecks(results, rewards) == {"grpo": []}
+    assert symbolic.timeouts() == before + 1  # not graded again
+    assert results["grpo"].metrics == {"prompt": "r1_zero", "grader_agreement": 1.0, "grader_disagreements": 0}
+    assert crosscheck_grades(result.records, "r1_zero")["agreement"] == 1.0  # what grading again would have found

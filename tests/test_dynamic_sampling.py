@@ -1,18 +1,23 @@
 """Dynamic sampling (DAPO): groups without reward variance are dropped and more questions drawn, repeatably."""
 
 import contextlib
+import functools
 import io
+import sys
 from dataclasses import replace
 
 import pytest
 
-from reasonrl.config import EngineConfig, GRPOConfig
+from reasonrl.config import EngineConfig, EvalConfig, GRPOConfig
 from reasonrl.data import parse_lines
 from reasonrl.distributed import SINGLE
-from reasonrl.grpo import rollout_metrics, score_rollouts
+from reasonrl.evaluation import evaluate
+from reasonrl.grpo import rollout_metrics, score_rollouts, summarize_rollouts
 from reasonrl.prompts import REWARD_FNS
+from reasonrl.rewards import reward_fn
 from reasonrl.rollouts.drawing import draw_rollouts
 from reasonrl.rollouts.engine import RolloutEngine
+from reasonrl.rollouts.types import StepRollouts
 from reasonrl.synthetic import arithmetic_lines
 
 pytestmark = pytest.mark.slow
@@ -148,3 +153,30 @@ def test_each_sample_is_graded_once_as_it_is_drawn(engine, setting, dynamic):
     assert drawn.scores == [odd_length_reward(sample.text, "") for sample in drawn.samples]
     assert batch.raw_rewards.tolist() == [score["reward"] for score in drawn.scores]
     assert [sample.token_ids for sample in drawn.samples] == [sample.token_ids for sample in dynamic.samples]
+
+
+def test_a_users_reward_grades_each_sample_once_in_a_step_and_in_an_evaluation(engine, setting, monkeypatch):
+    """``rewards.r1_zero: rewards.tolerant:tolerant_reward``, the shipped example module, loaded by the stages' own
+    mechanism, its function wrapped to record each call: a GRPO step with dynamic sampling (its draw over several
+    rounds, scores, advantages and logged figures) and an evaluation of two samples per question call it exactly once
+    per sample they sampled, in order."""
+    train, config = setting
+    spec = "rewards.tolerant:tolerant_reward"
+    rewards = {"r1_zero": spec}
+    original = reward_fn(spec)  # imports rewards.tolerant from this tree's rewards/ package
+    calls = []
+
+    @functools.wraps(original)
+    def counted(response: str, ground_truth: str) -> dict[str, float]:
+        calls.append(response)
+        return original(response, ground_truth)
+
+    monkeypatch.setattr(sys.modules["rewards.tolerant"], "tolerant_reward", counted)
+    drawn = draw_rollouts(engine, train, config, stop=[], step_seed=11, rewards=rewards)
+    score_rollouts(engine.tokenizer(), drawn, config.batching.group_size, config.loss, config.sampling)
+    summarize_rollouts(StepRollouts(11, 11, drawn), config.batching.group_size, config.sampling)
+    assert calls == [sample.text for sample in drawn.sampled_samples] and drawn.sampling_rounds > 1
+    calls.clear()
+    eval_config = EvalConfig(max_tokens=6, stop=[], num_examples=4, samples_per_question=2)
+    result = evaluate(engine, train, "r1_zero", eval_config, seed=0, rewards=rewards)
+    assert calls == [record["response"] for record in result.records] and len(calls) == 8

@@ -26,10 +26,13 @@ from reasonrl.grpo import (
     TrainingState,
     accumulate_gradients,
     compute_old_log_probs,
+    fixed_log_probs,
     grpo_checkpoints,
+    old_log_probs_source,
     rollout_metrics,
     step_progress,
 )
+from reasonrl.loss_registry import loss_types_where
 from reasonrl.rollouts.drawing import score_samples
 from reasonrl.rollouts.types import DrawnRollouts, Sample
 from reasonrl.tokenization import batch_from_token_ids
@@ -172,6 +175,60 @@ def test_old_log_probs_are_not_differentiable_and_do_not_depend_on_the_split(tin
         split = GRPOConfig(**{**whole.__dict__, "old_log_probs_microbatch_tokens": budget})
         recomputed = compute_old_log_probs(tiny_model, batch, Forwards.fixed(split))
         torch.testing.assert_close(recomputed[batch.response_mask], old[batch.response_mask], rtol=0, atol=1e-6)
+
+
+RATIO_LOSSES = loss_types_where(lambda entry: entry.needs_old_log_probs)
+
+
+def engine_log_probs(model, batch: RolloutBatch, lag: int) -> torch.Tensor:
+    """μ, the engine's log-probs of the batch: lag 0, the policy's own within the engine's numerical error (1e-4); lag
+    1, those of the weights one step older (the policy perturbed back), far enough off for the cap to cut some."""
+    sampler = copy.deepcopy(model)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for parameter in sampler.parameters():
+            parameter.add_((0.3 if lag else 0.0) * torch.randn(parameter.shape, generator=generator))
+    config = GRPOConfig(rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1)
+    noise = 1e-4 * torch.randn(batch.labels.shape, generator=torch.Generator().manual_seed(2))
+    return (compute_old_log_probs(sampler, batch, Forwards.fixed(config)) + noise) * batch.response_mask
+
+
+# Lag 1 needs the cap (params refuse it without).
+@pytest.mark.parametrize(("rollout_is_cap", "lag"), [(None, 0), (1.5, 0), (1.5, 1)])
+@pytest.mark.parametrize("loss_type", RATIO_LOSSES)
+def test_pi_old_from_the_training_forward_gives_the_separate_passs_step_bit_for_bit(
+    tiny_model, loss_type, rollout_is_cap, lag
+):
+    """One optimizer step per rollout batch: π_old taken from the update's own forward, detached, gives exactly the
+    loss, metrics (clip fractions, importance-weight figures) and gradient of a separate pass before the update
+    (what two epochs need), though that pass splits the rows otherwise (in order, whole) than the update (shuffled,
+    in halves). The ratio is then 1 in value, its gradient log π's. Lag 1: the samples are of older weights, so the
+    importance weights are far from 1 and the cap truncates some."""
+    batch = fixed_batch(advantages=[1.0, -1.0, 0.5, -0.5], raw_rewards=[1.0, 0.0, 1.0, 0.0])
+    batch.engine_log_probs = engine_log_probs(tiny_model, batch, lag)
+    config = GRPOConfig(
+        rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=2, loss_type=loss_type,
+        cliprange=0.2, rollout_is_cap=rollout_is_cap, max_staleness=lag,
+    )  # fmt: skip
+    two_epochs = GRPOConfig(**{**config.__dict__, "epochs_per_rollout_batch": 2})
+    assert (old_log_probs_source(config), old_log_probs_source(two_epochs)) == ("training_forward", "separate_pass")
+    rows, forwards, max_tokens = [2, 0, 3, 1], Forwards.training(config), config.sampling.max_tokens
+
+    def step(fixed_config: GRPOConfig) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        tiny_model.zero_grad()
+        fixed, figures = fixed_log_probs(tiny_model, batch, None, fixed_config)
+        metrics = accumulate_gradients(tiny_model, batch, rows, fixed, config.loss, forwards, max_tokens) | figures
+        gradients = {name: parameter.grad.clone() for name, parameter in tiny_model.named_parameters()}
+        tiny_model.zero_grad()
+        return metrics, gradients
+
+    separate_metrics, separate_gradients = step(two_epochs)
+    fused_metrics, fused_gradients = step(config)
+    assert fused_metrics == separate_metrics
+    assert all(torch.equal(fused_gradients[name], gradient) for name, gradient in separate_gradients.items())
+    if rollout_is_cap is not None:
+        assert fused_metrics["train/is_log_prob_gap_max"] > (0.5 if lag else 0.0)
+        assert (fused_metrics["train/is_truncated_fraction"] > 0) == bool(lag)
 
 
 def test_nonfinite_guard_skips_then_stops_naming_step_and_quantity():

@@ -467,11 +467,13 @@ def test_rollout_weights_are_trls_on_random_tensors(level, mode):
 
 
 def test_the_loop_takes_the_level_and_mode_from_the_params(tiny_model):
-    """``fixed_log_probs`` under rollout_is_level sequence, mode mask: whole responses masked, the fraction logged."""
+    """``fixed_log_probs`` under rollout_is_level sequence, mode mask: whole responses masked, the fraction logged.
+    (Two epochs: the separate pass computes π_old; from the training forward, test_grpo.py.)"""
     batch = fixed_batch(advantages=[1.0, -1.0, 0.5, -0.5], raw_rewards=[1.0, 0.0, 1.0, 0.0])
     config = GRPOConfig(
         rollout_batch_size=4, group_size=2, train_batch_size=4, gradient_accumulation_steps=1, rollout_is_cap=2.0,
-        rollout_is_level="sequence", rollout_is_mode="mask",
+        rollout_is_level="sequence", rollout_is_mode="mask", epochs_per_rollout_batch=2, loss_type="grpo_clip",
+        cliprange=0.2,
     )  # fmt: skip
     old = compute_old_log_probs(tiny_model, batch, Forwards.fixed(config))
     batch.engine_log_probs = old - torch.tensor([[0.0], [1.0], [0.0], [0.0]]) * batch.response_mask  # row 1: e^2+

@@ -13,6 +13,7 @@ from reasonrl.config import EvalConfig, load_params
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import evaluate
 from reasonrl.presets import apply_to_file
+from reasonrl.prompts import REWARD_FNS
 from reasonrl.rewards import MATH_VERIFY, prompt_reward, rewards_for
 from reasonrl.rollouts.types import Sample
 from reasonrl.symbolic import gold_parses, timeouts, verdict
@@ -88,6 +89,22 @@ def test_math_verify_is_a_reward_any_prompt_can_name(params_file):
     assert question_only("So the point is (3, pi/2).", PI_PAIR)["reward"] == 0.0  # its last number, 2
     # the built-in cannot grade it: no single number
     assert prompt_reward("r1_zero")(R1.format("(3, \\frac{\\pi}{2})"), PI_PAIR)["reward"] == 0.0
+
+
+def test_math_verify_keeps_the_builtins_format_rule_without_running_its_answer_check(monkeypatch):
+    """Each answer is graded once, by math-verify: the built-in reward, whose answer check was computed beside it and
+    thrown away, no longer runs; the format rule alone gives the built-in's ``format_reward`` on every response."""
+    responses = [
+        R1.format("3"), R1.format("3") + " more", R1.format(" "), "</think> <answer> 1 </answer> <answer> 3 </answer>",
+        "So it is \\boxed{3}.", "So it is \\boxed{}.", "three", "", "x = 3",
+    ]  # fmt: skip
+    for prompt in ("r1_zero", "question_only", "r1_zero_chat"):
+        expected = [REWARD_FNS[prompt](response, "3")["format_reward"] for response in responses]
+        called = []
+        monkeypatch.setitem(REWARD_FNS, prompt, lambda response, truth, seen=called: seen.append(response))
+        reward = prompt_reward(prompt, {prompt: MATH_VERIFY})
+        assert [reward(response, "3")["format_reward"] for response in responses] == expected
+        assert not called and 0 < sum(expected) < len(expected)
 
 
 def test_a_latex_set_is_graded_by_math_verify_unless_the_user_chose_a_reward():

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.prompts import ANSWER_TEXT_FNS
+from reasonrl.rewards import MATH_VERIFY
 from reasonrl.symbolic import verdict
 
 if TYPE_CHECKING:
@@ -50,13 +51,21 @@ def crosscheck_grades(records: list[dict[str, Any]], prompt_name: str) -> dict[s
     return {"agreement": (len(records) - len(disagreements)) / len(records), "disagreements": disagreements}
 
 
-def add_grader_crosschecks(results: Mapping[str, EvalResult]) -> dict[str, list[dict[str, Any]]]:
+def add_grader_crosschecks(
+    results: Mapping[str, EvalResult], rewards: Mapping[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Cross-check every result with the prompt it was graded with (its metrics' ``prompt``): add
     ``grader_agreement`` and ``grader_disagreements`` (a count) to its metrics, and return each result's
-    disagreeing answers by name."""
+    disagreeing answers by name. ``rewards``: each prompt's reward spec the results were graded with (None: the
+    built-ins); a result graded by math-verify itself (``rewards.<prompt>: math_verify``, reading the same answer
+    text) is not graded again: its ``answer_reward`` is math-verify's verdict, so the two agree on every answer."""
     disagreements = {}
     for name, result in results.items():
-        crosscheck = crosscheck_grades(result.records, result.metrics["prompt"])
+        prompt = result.metrics["prompt"]
+        if (rewards or {}).get(prompt) == MATH_VERIFY:
+            crosscheck = {"agreement": 1.0, "disagreements": []}
+        else:
+            crosscheck = crosscheck_grades(result.records, prompt)
         result.metrics["grader_agreement"] = crosscheck["agreement"]
         result.metrics["grader_disagreements"] = len(crosscheck["disagreements"])
         disagreements[name] = crosscheck["disagreements"]

@@ -275,6 +275,11 @@ def extract_final_answer(response: str) -> str | None:
     return last_numeral(response)
 
 
+def has_final_answer(response: str) -> bool:
+    """question_only's format rule: an answer can be read at all (:func:`extract_final_answer`)."""
+    return extract_final_answer(response) is not None
+
+
 def r1_zero_answer(response: str) -> str | None:
     """The number a well-formatted R1-Zero response answers, canonical (``"18"``, ``"5/2"``), for majority votes;
     ``None`` when the format is broken or the answer block states no single number."""

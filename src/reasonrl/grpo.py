@@ -4,7 +4,8 @@ One step, as ``run_grpo`` reads top to bottom: 1. rollouts: ``group_size`` answe
 group_size`` questions, sampled by the rollout engine loaded with the policy (lag 0: this step's; ``max_staleness``
 k ≥ 1: that of k steps before, in the engine's own process), each graded once as it is drawn → 2. scores:
 group-relative advantages of those grades (``advantage_estimator``, with any ``overlong_penalty``), training tensors →
-3. fixed log-probs, once, without gradient: π_old (off-policy losses), π_ref (the KL penalty), the importance weights
+3. fixed log-probs, once, without gradient: π_old (off-policy losses; with one optimizer step per rollout batch the
+update's own forward gives it, :func:`old_log_probs_source`), π_ref (the KL penalty), the importance weights
 (``rollout_is_cap``) → 4. update: ``epochs_per_rollout_batch`` passes over the batch in optimizer steps of
 ``train_batch_size`` responses → 5. the new weights to the engine (every ``ref_update_every`` steps to the KL
 reference too) → 6. checkpoint, keep. The loop's phases read the run's config; the pieces they call take the few
@@ -23,7 +24,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from tqdm import tqdm
@@ -75,7 +76,15 @@ if TYPE_CHECKING:
     from dvclive import Live
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from reasonrl.config import DistributedConfig, EvalConfig, GRPOConfig, GRPOLoss, GRPOSampling, Precision
+    from reasonrl.config import (
+        DistributedConfig,
+        EvalConfig,
+        GRPOAsynchrony,
+        GRPOConfig,
+        GRPOLoss,
+        GRPOSampling,
+        Precision,
+    )
     from reasonrl.data import GSM8KExample
     from reasonrl.rollouts.engine import RolloutEngine
     from reasonrl.rollouts.process import RolloutProcess
@@ -402,6 +411,46 @@ class KLReference:
             return compute_old_log_probs(trainer, batch, forwards, ranks)
 
 
+OldLogProbsSource = Literal["engine", "training_forward", "separate_pass"]
+
+
+def old_log_probs_source(config: GRPOConfig) -> OldLogProbsSource | None:
+    """Where a step's π_old comes from; None where nothing reads it (neither the loss, which has no importance ratio,
+    nor ``rollout_is_cap``).
+
+    - ``engine``: the engine's log-probs of its samples (``old_log_probs_from: engine``).
+    - ``training_forward``: each row's log-probs in the update's own forward, detached, when the rollout batch gets
+      exactly one optimizer step (``epochs_per_rollout_batch`` 1 and ``train_batch_size`` = ``rollout_batch_size``):
+      the policy has not moved when that forward runs, so they are π_old (TRL's ``per_token_logps.detach()``). The
+      ratio π/π_old is then exactly 1 in value and its gradient that of log π: ∇(ρ·A) = ρ·A·∇log π = A·∇log π.
+    - ``separate_pass``: a forward without gradient over the whole batch before the update
+      (:func:`compute_old_log_probs`), which the optimizer steps after the first need: by then the policy has moved.
+    """
+    asynchrony = config.asynchrony
+    if not LOSS_TYPES[config.loss.loss_type].needs_old_log_probs and asynchrony.rollout_is_cap is None:
+        return None
+    if asynchrony.old_log_probs_from == "engine":
+        return "engine"
+    return "training_forward" if config.batching.optimizer_steps_per_grpo_step == 1 else "separate_pass"
+
+
+def importance_weights(
+    old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, asynchrony: GRPOAsynchrony
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The importance weights of rows whose π_old is ``old`` and whose engine log-probs are ``engine`` (``[b, L]``
+    each, response ``mask``), shaped by ``grpo.rollout_is_*`` (:func:`reasonrl.losses.rollout_importance_weights`),
+    with their figures. Each row's weights are its own: computed on any subset of rows, they are the same."""
+    return rollout_importance_weights(
+        old, engine, mask, asynchrony.rollout_is_cap, asynchrony.rollout_is_level, asynchrony.rollout_is_mode,
+        asynchrony.rollout_is_lower,
+    )  # fmt: skip
+
+
+def importance_figures(corrections: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The importance weights' figures as a step logs them, ``train/is_*``."""
+    return {f"train/{name}": value.item() for name, value in corrections.items()}
+
+
 @dataclass(frozen=True)
 class FixedLogProbs:
     """What a step's optimizer steps hold fixed, computed once per rollout batch without gradient, ``[N, L]`` each
@@ -410,6 +459,26 @@ class FixedLogProbs:
     old: torch.Tensor | None = None
     reference: torch.Tensor | None = None
     importance_weights: torch.Tensor | None = None
+    from_training_forward: GRPOAsynchrony | None = None
+    """Set when π_old is the training forward's own (``old_log_probs_source`` ``training_forward``): ``old`` and
+    ``importance_weights`` are None, and each microbatch takes π_old from its forward, detached, and its importance
+    weights from that π_old by these ``grpo.rollout_is_*`` (none without ``rollout_is_cap``)."""
+
+    def rows(
+        self, batch: RolloutBatch, part: list[int], log_probs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """π_old and the importance weights of the rows ``part``, ``[b, L]`` on ``log_probs``' device, where
+        ``log_probs`` are the rows' log-probs in the training forward."""
+        device, asynchrony = log_probs.device, self.from_training_forward
+        if asynchrony is None:
+            old = None if self.old is None else self.old[part].to(device)
+            weights = None if self.importance_weights is None else self.importance_weights[part].to(device)
+            return old, weights
+        old = log_probs.detach()
+        if asynchrony.rollout_is_cap is None:
+            return old, None
+        engine, mask = batch.engine_log_probs[part].to(device), batch.response_mask[part].to(device)
+        return old, importance_weights(old, engine, mask, asynchrony)[0]
 
 
 def fixed_log_probs(
@@ -419,24 +488,32 @@ def fixed_log_probs(
     config: GRPOConfig,
     ranks: Ranks = SINGLE,
 ) -> tuple[FixedLogProbs, dict[str, float]]:
-    """π_old (for a loss with an importance ratio, or the importance weights: the engine's log-probs with
-    ``old_log_probs_from: engine``, else the trainer's), π_ref (with a KL penalty) and, with ``rollout_is_cap``,
-    the importance weights and their figures (``train/is_*``)."""
-    asynchrony, forwards = config.asynchrony, Forwards.fixed(config)
-    old = reference_log_probs = importance_weights = None
-    if LOSS_TYPES[config.loss.loss_type].needs_old_log_probs or asynchrony.rollout_is_cap is not None:
-        from_engine = asynchrony.old_log_probs_from == "engine"
-        old = batch.engine_log_probs if from_engine else compute_old_log_probs(trainer, batch, forwards, ranks)
+    """π_old (for a loss with an importance ratio, or the importance weights), from where
+    :func:`old_log_probs_source` says: the engine's log-probs, the training forward's (nothing to compute here) or a
+    separate pass of the trainer's; π_ref (with a KL penalty) and, with ``rollout_is_cap`` and a π_old computed here,
+    the importance weights and their figures (``train/is_*``; from the training forward they are the optimizer
+    step's, :func:`accumulate_gradients`)."""
+    asynchrony, forwards, source = config.asynchrony, Forwards.fixed(config), old_log_probs_source(config)
+    if source == "training_forward":
+        reference_log_probs = None if reference is None else reference.log_probs(trainer, batch, forwards, ranks)
+        return FixedLogProbs(reference=reference_log_probs, from_training_forward=asynchrony), {}
+    old = reference_log_probs = weights = None
+    if source == "engine":
+        old = batch.engine_log_probs
+    elif source == "separate_pass":
+        old = compute_old_log_probs(trainer, batch, forwards, ranks)
     if reference is not None:
         reference_log_probs = reference.log_probs(trainer, batch, forwards, ranks)
     figures = {}
     if asynchrony.rollout_is_cap is not None:  # the decoupled objective's weight min(π_old / μ, cap), or its kin
-        importance_weights, corrections = rollout_importance_weights(
-            old, batch.engine_log_probs, batch.response_mask, asynchrony.rollout_is_cap,
-            asynchrony.rollout_is_level, asynchrony.rollout_is_mode, asynchrony.rollout_is_lower,
-        )  # fmt: skip
-        figures = {f"train/{name}": value.item() for name, value in corrections.items()}
-    return FixedLogProbs(old, reference_log_probs, importance_weights), figures
+        weights, corrections = importance_weights(old, batch.engine_log_probs, batch.response_mask, asynchrony)
+        figures = importance_figures(corrections)
+    return FixedLogProbs(old, reference_log_probs, weights), figures
+
+
+def runs_fixed_pass(config: GRPOConfig) -> bool:
+    """Whether a step runs a forward before its update: π_old's separate pass, or π_ref's (a KL penalty)."""
+    return old_log_probs_source(config) == "separate_pass" or config.loss.kl_coef > 0
 
 
 def accumulate_gradients(
@@ -462,7 +539,10 @@ def accumulate_gradients(
     clip fractions and KL are means over the trained response tokens. Log-probs and entropy are those of the
     distribution the responses were sampled from (``forwards``).
 
-    ``fixed.importance_weights`` (``grpo.rollout_is_cap``): each token's policy-gradient term times its weight.
+    ``fixed.importance_weights`` (``grpo.rollout_is_cap``): each token's policy-gradient term times its weight. With
+    π_old from the training forward (``fixed.from_training_forward``) the weights come from each microbatch's own
+    forward, and the step's ``train/is_*`` figures are those of the rows it trained (every row of the rollout batch
+    unless ``mask_truncated`` leaves some out), as :func:`fixed_log_probs` gives them of the whole batch.
 
     Over several ranks, ``rows`` are this rank's share of the step: each microbatch is weighted by the step's rows
     on all ranks, so the gradients DDP or FSDP2 average in the last microbatch's backward (the only one that syncs)
@@ -487,6 +567,8 @@ def accumulate_gradients(
     normalize_constant = step_tokens if token_mean else max_tokens
     total_loss = 0.0
     parts = forwards.microbatches(rows, batch.sequence_lengths, ranks)
+    weighted_here = fixed.from_training_forward is not None and fixed.from_training_forward.rollout_is_cap is not None
+    old_log_probs = torch.zeros(batch.labels.shape) if weighted_here else None  # [N, L]: the trained rows' π_old
     for index, part in enumerate(parts):
         with gradient_sync(policy, enabled=index == len(parts) - 1):
             if not part:
@@ -503,9 +585,18 @@ def accumulate_gradients(
         metadata["entropy"] = masked_mean(scored["token_entropy"], mask)
         for name in token_means:
             token_means[name] += metadata[name.removeprefix("train/")].item() * share
-    return {"train/loss": ranks.sum(total_loss) / ranks.world_size} | {
-        name: ranks.sum(value) for name, value in token_means.items()
-    }
+        if old_log_probs is not None:
+            old_log_probs[part] = scored["log_probs"].detach().float().cpu()
+    metrics = {"train/loss": ranks.sum(total_loss) / ranks.world_size}
+    metrics |= {name: ranks.sum(value) for name, value in token_means.items()}
+    if old_log_probs is not None:
+        trained = sorted(rows)  # in the batch's order: the figures' sums run as over the whole batch
+        _, corrections = importance_weights(
+            old_log_probs[trained], batch.engine_log_probs[trained], batch.response_mask[trained],
+            fixed.from_training_forward,
+        )  # fmt: skip
+        metrics |= importance_figures(corrections)
+    return metrics
 
 
 def _microbatch_step(
@@ -526,6 +617,7 @@ def _microbatch_step(
         entropy_grad=loss.entropy_coef > 0,
     )  # fmt: skip
     mask = batch.response_mask[part].to(device)  # [b, L]
+    old_log_probs, weights = fixed.rows(batch, part, scored["log_probs"])
     step_loss, metadata = grpo_microbatch_train_step(
         scored["log_probs"],
         mask,
@@ -533,7 +625,7 @@ def _microbatch_step(
         loss.loss_type,
         raw_rewards=batch.raw_rewards[part].unsqueeze(-1).to(device),  # [b, 1]
         advantages=batch.advantages[part].unsqueeze(-1).to(device),  # [b, 1]
-        old_log_probs=None if fixed.old is None else fixed.old[part].to(device),
+        old_log_probs=old_log_probs,
         cliprange=loss.cliprange,
         loss_aggregation=loss.loss_aggregation,
         normalize_constant=normalize_constant,
@@ -541,7 +633,7 @@ def _microbatch_step(
         ref_log_probs=None if fixed.reference is None else fixed.reference[part].to(device),
         kl_coef=loss.kl_coef,
         kl_estimator=loss.kl_estimator,
-        importance_weights=None if fixed.importance_weights is None else fixed.importance_weights[part].to(device),
+        importance_weights=weights,
         dual_clip=loss.dual_clip,
         entropy_coef=loss.entropy_coef,
         token_entropy=scored["token_entropy"],
@@ -756,8 +848,9 @@ def grpo_checkpoints(
 STEP_PHASES = ("rollout", "weight_sync", "scoring", "old_log_prob", "train", "step", "engine")
 """The phases of a GRPO step, timed and logged (``time/<phase>_seconds``) in this order. ``rollout``: lag 0 with
 waking the engine and loading the weights, lag ≥ 1 the wait for the step's rollouts; ``scoring``: the scores;
-``old_log_prob``: the fixed log-probs; ``train``: the update; ``step``: the whole step; ``engine``: the engine's own
-time on the step's rollouts, when it ran beside the trainer."""
+``old_log_prob``: the fixed log-probs' forwards, logged only for a step that runs one (:func:`runs_fixed_pass`:
+π_old's separate pass or π_ref's), absent otherwise; ``train``: the update; ``step``: the whole step; ``engine``: the
+engine's own time on the step's rollouts, when it ran beside the trainer."""
 
 
 def step_progress(first: int, total: int, enabled: bool) -> tqdm:
@@ -852,6 +945,11 @@ def run_grpo(
     state = checkpoints.resume()
     guard = NonFiniteGuard(config.max_consecutive_nonfinite, state.skipped_steps, state.consecutive_nonfinite)
     source = grpo_rollouts(engine, policy, train, val, config, eval_config, ranks, rewards)
+    if ranks.is_main and old_log_probs_source(config) == "training_forward":
+        tqdm.write(
+            "GRPO: one optimizer step per rollout batch, so π_old is that step's own forward, detached: no "
+            "old-log-prob pass" + ("" if runs_fixed_pass(config) else " (time/old_log_prob_seconds is not logged)")
+        )
     with source, open_live(state.step > 0) if ranks.is_main else contextlib.nullcontext(NullLive()) as live:
         source.start(state.step, state.in_flight)
         progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
@@ -870,7 +968,8 @@ def run_grpo(
             # 3. Fixed log-probs: π_old, π_ref and the importance weights, once per rollout batch, never differentiated.
             fixed, corrections = fixed_log_probs(trainer, batch, reference, config, ranks)
             rollout_summary |= corrections
-            timer.lap("old_log_prob")
+            if runs_fixed_pass(config):  # else nothing ran: no time is logged for it (see STEP_PHASES)
+                timer.lap("old_log_prob")
             # 4. Update: epochs × train batches, one optimizer step each, logged as it is taken.
             for metrics in update_steps(trainer, optimizer, guard, batch, fixed, step, config, ranks):
                 state.zero_signal_steps += not metrics  # {}: skipped, without learning signal

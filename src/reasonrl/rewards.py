@@ -35,7 +35,7 @@ from pathlib import Path
 
 from reasonrl.data import LATEX
 from reasonrl.errors import UserError
-from reasonrl.prompts import ANSWER, REWARD_FNS, answer_text_fn
+from reasonrl.prompts import ANSWER, FORMAT_FNS, REWARD_FNS, answer_text_fn
 from reasonrl.symbolic import verdict
 
 RewardFn = Callable[..., dict[str, float]]
@@ -125,14 +125,15 @@ def math_verify_reward(prompt: str, extraction: str = ANSWER) -> RewardFn:
     """``prompt``'s built-in reward with its answer check done by math-verify (:func:`reasonrl.symbolic.verdict`,
     within its time bound) on the answer text ``extraction`` reads (:func:`~reasonrl.prompts.answer_text_fn`; by
     default the text the built-in reads): a LaTeX ground truth such as ``\\left( 3, \\frac{\\pi}{2} \\right)``.
-    The format check and how the two combine are the built-in's: r1_zero's reward needs both, question_only's the
+    The format check (:data:`~reasonrl.prompts.FORMAT_FNS`, the built-in's rule alone: the built-in's own answer
+    check is not run) and how the two combine are the built-in's: r1_zero's reward needs both, question_only's the
     answer. Never raises on its arguments."""
-    builtin, answer_text = REWARD_FNS[prompt], answer_text_fn(prompt, extraction)
+    has_format, answer_text = FORMAT_FNS[prompt], answer_text_fn(prompt, extraction)
 
     def math_verify_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
         if not isinstance(response, str) or not isinstance(ground_truth, str):
             return dict.fromkeys(REWARD_KEYS, 0.0)
-        format_ok = builtin(response, ground_truth)["format_reward"] == 1.0
+        format_ok = has_format(response)
         answer_ok = verdict(answer_text(response), ground_truth).correct
         return {
             "format_reward": float(format_ok),

@@ -33,6 +33,8 @@ from reasonrl.errors import UserError
 from reasonrl.grading import (
     extract_answer_block,
     extract_final_answer,
+    has_final_answer,
+    has_r1_zero_format,
     last_boxed_content,
     question_only_answer,
     question_only_reward_fn,
@@ -54,6 +56,13 @@ REWARD_FNS: dict[str, RewardFn] = {
 turn) want ``</think> <answer> N </answer>``, ``question_only`` a final number (the last ``\\boxed{}``, else the
 last number)."""
 PROMPT_NAMES: tuple[str, ...] = tuple(REWARD_FNS)
+FORMAT_FNS: dict[str, Callable[[str], bool]] = {
+    "r1_zero": has_r1_zero_format,
+    "question_only": has_final_answer,
+    "r1_zero_chat": has_r1_zero_format,
+}
+"""Each prompt's format rule, its reward function's ``format_reward``, alone: for a reward that keeps the prompt's
+format rule and grades the answer its own way (``reasonrl.rewards``' ``math_verify``)."""
 ANSWER_FNS: dict[str, Callable[[str], str | None]] = {
     "r1_zero": r1_zero_answer,
     "question_only": question_only_answer,
