@@ -1,4 +1,5 @@
-"""One setting, several seeds: ``python -m reasonrl.seeds 0 1 2 [-S key=value …] [--name NAME] [--vary KEY …] [--run [-j N]]``.
+"""One setting, several seeds:
+``python -m reasonrl.seeds 0 1 2 [-S key=value …] [--name NAME] [--vary KEY …] [--run [-j N]]``.
 
 Queues one DVC experiment per seed, named ``<setting>-seed<k>``, each with the setting's ``-S`` overrides and every
 param of :data:`SEED_PARAMS` set to ``k`` (``--vary`` narrows them). The name is what
