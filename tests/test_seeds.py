@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reasonrl.compare import CompareError, setting_names
 from reasonrl.report.inputs import flatten
 from reasonrl.seeds import (
     SEED_PARAMS,
@@ -120,6 +121,11 @@ def test_queues_one_named_experiment_per_seed_then_runs_them(repo):
     for seed in (0, 1):
         echoed = shown[experiment_name("loss_type-no_baseline", seed)]["metrics"]
         assert echoed == {"model": seed, "sft": seed, "ei": seed, "grpo": seed, "loss": "no_baseline"}
+    # What compare --settings groups by: the names, by seed; clip's seeds never ran (removed from the queue).
+    setting = "loss_type-no_baseline"
+    assert setting_names([setting], repo=str(clone)) == {setting: [f"{setting}-seed0", f"{setting}-seed1"]}
+    with pytest.raises(CompareError, match=r"setting 'clip': 0 experiment\(s\) named clip-seed<k>"):
+        setting_names(["clip"], repo=str(clone))
 
 
 BAD_INPUT = [

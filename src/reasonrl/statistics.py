@@ -202,7 +202,7 @@ def welch_test(this: Sequence[float], reference: Sequence[float]) -> dict[str, f
     share_a, share_b = float(a.var(ddof=1)) / len(a), float(b.var(ddof=1)) / len(b)
     difference = float(a.mean() - b.mean())
     stderr = math.sqrt(share_a + share_b)
-    if stderr == 0:
+    if a.min() == a.max() and b.min() == b.max():  # exactly: a mean of equal floats can differ from them
         return {"difference": difference, "t": math.nan, "df": math.nan, "p_value": math.nan}
     df = float((share_a + share_b) ** 2 / (share_a**2 / (len(a) - 1) + share_b**2 / (len(b) - 1)))
     t = difference / stderr
