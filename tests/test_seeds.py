@@ -92,7 +92,10 @@ def shown_experiments(clone: Path, env: dict[str, str]) -> dict[str, dict]:
     return experiments
 
 
+@pytest.mark.slow
 def test_queues_one_named_experiment_per_seed_then_runs_them(repo):
+    """The queue as DVC keeps it, then ``--run`` through DVC's queue workers (a minute here: two real experiments,
+    what the command exists to start; the pipeline itself is not run)."""
     clone, env = repo
     queued = run(seeds_command("0", "1", "2", "-S", "grpo.loss_type=grpo_clip", "--name", "clip"), clone, env)
     names = ["clip-seed0", "clip-seed1", "clip-seed2"]
@@ -130,7 +133,8 @@ def test_queues_one_named_experiment_per_seed_then_runs_them(repo):
 
 BAD_INPUT = [
     (["0", "-S", "grpo.no_such=1"], "params.yaml has no parameter grpo.no_such"),
-    (["0", "--vary", "grpo.sed"], "params.yaml has no parameter grpo.sed"),
+    (["0", "--vary", "grpo.sed"], "--vary grpo.sed: not a training seed"),
+    (["0", "--vary", "rollout.seed"], "--vary rollout.seed: not a training seed"),
     (["0", "-S", "grpo.learning_rate=-1"], "and seed 0: grpo.learning_rate"),
     (["0", "-S", "grpo.seed=3"], "-S grpo.seed: a seed param the command sets per seed"),
     (["0", "-S", "grpo.loss_type"], "expected key=value"),

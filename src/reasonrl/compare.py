@@ -1,5 +1,6 @@
 """Experiments side by side, against a baseline:
-``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``.
+``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``, or over
+seeds: ``python -m reasonrl.compare --settings SETTING SETTING [SETTING …] [--out …] [--html …]``.
 
 ``python -m reasonrl.compare no-baseline`` sets the experiment ``no-baseline`` beside ``demo``, the experiment
 ``make demo`` records; of several experiments the first is the baseline, unless ``--against`` names one.
@@ -14,6 +15,11 @@ of each experiment against the baseline per route (the same test questions and s
 ``reports/final/generations/<route>.jsonl``); with ``eval.benchmarks``, ``eval.test_sets`` or ``eval.protocols``, a
 table per protocol of each set's accuracy per route and experiment and the paired test per set
 (:mod:`reasonrl.protocols`); and the routes' validation curves overlaid.
+
+With ``--settings`` it compares settings over their seeds instead, each the experiments ``<setting>-seed<k>`` that
+``python -m reasonrl.seeds`` queued: per route the mean ± the between-seed sd, the interval over seeds and questions,
+and each setting against the first (Welch's test on seed means, Holm's correction for several, the minimum
+detectable difference); :mod:`reasonrl.statistics` holds the methods.
 """
 
 from __future__ import annotations
@@ -563,7 +569,8 @@ def build_settings_comparison(settings: Mapping[str, Sequence[Experiment]], figu
             "Each seed's test accuracy from its `reports/final/metrics.json`; mean and between-seed standard "
             "deviation over the seeds; the 95% interval of the mean by a two-level bootstrap (seeds drawn with "
             "replacement, then the test questions, the same draw for every seed since every seed answers the same "
-            "questions; `reports/final/generations/<route>.jsonl`). With 3 seeds the interval is too narrow when "
+            "questions; `reports/final/generations/<route>.jsonl`; — where a seed lacks them). With 3 seeds the "
+            "interval is too narrow when "
             "seeds vary much more than questions do (docs/experiments.md)."
         )
     )

@@ -101,8 +101,13 @@ def checked_plan(
     tree = parse_yaml(params_text)
     known = flatten(tree)
     overrides = dict(parse_assignment(a) for a in assignments)
-    if unknown := [key for key in [*overrides, *varied] if key not in known]:
-        raise SeedsError(f"params.yaml has no parameter {', '.join(unknown)} (-S and --vary take dotted keys of it)")
+    if not_seeds := [key for key in varied if key not in SEED_PARAMS]:
+        raise SeedsError(
+            f"--vary {', '.join(not_seeds)}: not a training seed; --vary takes {', '.join(SEED_PARAMS)} (the data's "
+            "and the evaluation's seeds stay fixed, so that every seed answers the same test questions)"
+        )
+    if unknown := [key for key in overrides if key not in known]:
+        raise SeedsError(f"params.yaml has no parameter {', '.join(unknown)} (-S takes its dotted keys)")
     if clash := [key for key in overrides if key in varied]:
         raise SeedsError(
             f"-S {', '.join(clash)}: a seed param the command sets per seed; drop it or leave it out of --vary"
