@@ -570,8 +570,7 @@ def build_settings_comparison(settings: Mapping[str, Sequence[Experiment]], figu
             "deviation over the seeds; the 95% interval of the mean by a two-level bootstrap (seeds drawn with "
             "replacement, then the test questions, the same draw for every seed since every seed answers the same "
             "questions; `reports/final/generations/<route>.jsonl`; — where a seed lacks them). With 3 seeds the "
-            "interval is too narrow when "
-            "seeds vary much more than questions do (docs/experiments.md)."
+            "interval is too narrow when seeds vary much more than questions do (docs/experiments.md)."
         )
     )
 
