@@ -393,3 +393,11 @@ def test_a_setting_whose_seeds_differ_in_more_than_seeds_is_refused():
     mixed[1] = seeded("lr")[1]
     with pytest.raises(CompareError, match=r"setting 'ref': its experiments differ in grpo.learning_rate, not only"):
         build_settings_comparison({"ref": mixed, "clip": seeded("clip")})
+
+
+def test_settings_take_no_experiments_and_no_baseline(capsys):
+    for argv in (["--settings", "a", "b", "--against", "x"], ["exp", "--settings", "a", "b"], []):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+    assert "name an experiment to compare (EXP), or settings with --settings" in capsys.readouterr().err
