@@ -163,7 +163,7 @@ def run_dvc(command: Sequence[str], follow: bool = False) -> None:
 
 EXAMPLES = """examples:
   python -m reasonrl.seeds 0 1 2 --name reference                                # params.yaml as it is
-  python -m reasonrl.seeds 0 1 2 -S grpo.loss_type=grpo_clip --name clip --run   # and start the queue
+  python -m reasonrl.seeds 0 1 2 -S grpo.loss_type=grpo_clip --name clip --run   # and run the queue
   python -m reasonrl.seeds 0 1 2 --vary grpo.seed -S grpo.learning_rate=3e-5     # only GRPO's seed varies
   python -m reasonrl.compare --settings reference clip --out compare.md          # once they have run"""
 
