@@ -137,7 +137,7 @@ BAD_INPUT = [
     (["0", "--vary", "rollout.seed"], "--vary rollout.seed: not a training seed"),
     (["0", "-S", "grpo.learning_rate=-1"], "and seed 0: grpo.learning_rate"),
     (["0", "-S", "grpo.seed=3"], "-S grpo.seed: a seed param the command sets per seed"),
-    (["0", "-S", "grpo.loss_type"], "expected key=value"),
+    (["0", "-S", "grpo.loss_type"], "-S 'grpo.loss_type': not an override DVC reads"),
     (["0", "0"], "each seed once"),
     (["-1"], "seeds must be non-negative integers, got [-1]"),
     (["0", "--name", "no/slash"], "setting name 'no/slash'"),
@@ -179,6 +179,10 @@ def test_values_read_as_dvc_reads_them():
     assert parse_assignment("baseline.prompts=[r1_zero]") == ("baseline.prompts", ["r1_zero"])
     assert parse_assignment("grpo.rollout_is_cap=null") == ("grpo.rollout_is_cap", None)
     assert parse_assignment("rollout.engine_device=cuda:1") == ("rollout.engine_device", "cuda:1")
+    assert parse_assignment("++eval.protocols={greedy:{temperature:0}}") == (
+        "eval.protocols",
+        {"greedy": {"temperature": 0}},
+    )
 
 
 def test_names():

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from reasonrl.cli import run_stage
 from reasonrl.config import ConfigError, Params, from_dict, parse_yaml
 from reasonrl.errors import UserError
@@ -36,7 +34,6 @@ sampling, GRPO's question draws and sampling. With a hub model ``model.seed`` ch
 PARAMS = Path("params.yaml")
 SEED_SUFFIX = "-seed"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 _EXPERIMENT = re.compile(rf"(?P<setting>{_NAME.pattern}){SEED_SUFFIX}(?P<seed>[0-9]+)")
 
 
@@ -55,16 +52,20 @@ def parse_experiment_name(name: str) -> tuple[str, int] | None:
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """``key=value`` as ``-S`` takes it: the value read as YAML (``[a,b]`` a list, ``null``), a number as DVC reads
-    one (``3e-5`` a float, which YAML 1.1 would keep a string)."""
-    key, equals, value = text.partition("=")
-    if not equals or not key:
-        raise SeedsError(f"-S {text!r}: expected key=value, e.g. -S grpo.loss_type=grpo_clip")
+    """``key=value`` read as ``dvc exp run -S`` reads it, by the Hydra override grammar DVC parses it with
+    (``3e-5`` a float, ``[a,b]`` a list, ``{k:v}`` a mapping, ``null``; ``++key=…`` force-adds, the key is checked
+    as ``key``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as error:
-        raise SeedsError(f"-S {text!r}: the value is not YAML: {error}") from None
-    return key, float(value) if isinstance(parsed, str) and _NUMBER.fullmatch(value) else parsed
+        [override] = OverridesParser.create().parse_overrides([text])
+        return override.key_or_group, override.value()
+    except HydraException as error:
+        first_line = str(error).splitlines()[0]
+        raise SeedsError(
+            f"-S {text!r}: not an override DVC reads ({first_line}), e.g. -S grpo.loss_type=grpo_clip"
+        ) from None
 
 
 def default_setting_name(assignments: Sequence[str]) -> str:
