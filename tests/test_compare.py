@@ -381,7 +381,7 @@ def test_the_settings_page_shows_mean_sd_interval_and_corrected_p():
     assert "| grpo | `clip` | 3 | 60.0% ± 10.0 | [" in markdown and "| 50.0, 60.0, 70.0 |" in markdown
     p_clip = two_sided_t4(0.3 / math.sqrt(0.02 / 3))
     assert f"| grpo | `clip` | `ref` | +30.0 pts | 3.67 (4.0) | {p_clip:.3g} | {2 * p_clip:.3g} |" in markdown
-    assert "| base | `clip` | `ref` | +0.0 pts | no seed-to-seed spread | — | — |" in markdown
+    assert "| base | `clip` | `ref` | +0.0 pts | no seed-to-seed spread | — | — | — |" in markdown
     assert report.figures["seeds.png"].startswith(PNG_MAGIC)
     # Two settings: one comparison per route, nothing to correct, no Holm column.
     two = render_markdown(build_settings_comparison({s: seeded(s) for s in ("ref", "clip")}, figures=False).blocks)

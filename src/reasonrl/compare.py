@@ -537,7 +537,7 @@ def settings_test_table(rows: Sequence[Mapping[str, Any]], holm: bool) -> Table:
         ]  # fmt: skip
         if holm:
             cells.append("—" if no_spread else f"{row['holm_p_value']:.3g}")
-        cells.append("—" if row["detectable"] is None else f"{100 * row['detectable']:.1f} pts")
+        cells.append("—" if no_spread or row["detectable"] is None else f"{100 * row['detectable']:.1f} pts")
         body.append(cells)
     headers = ["route", "setting", "against", "difference", "Welch t (df)", "p"]
     return Table([*headers, *(["p (Holm)"] if holm else []), "detectable (80% power)"], body)

@@ -242,6 +242,7 @@ def seeds_figure(routes: Mapping[str, list[SeedSpread]]) -> bytes:
                 axes.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="_", color=colour, capsize=8)
             axes.scatter([x] * len(spread.accuracies), spread.accuracies, color=colour, alpha=0.6, s=14)
         axes.set_xticks(range(len(spreads)), [_literal(s.setting) for s in spreads], rotation=20, fontsize="small")
+        axes.set_xlim(-0.5, len(spreads) - 0.5)
         axes.set_title(route, fontsize="medium")
     row[0].set_ylabel("test accuracy")
     figure.suptitle("Test accuracy per seed (dots), mean and 95% interval over seeds and questions")
