@@ -297,8 +297,8 @@ LAYERS = [
     ["reasonrl.training", "reasonrl.model_card"],
     # the algorithms
     ["reasonrl.sft", "reasonrl.expert_iteration", "reasonrl.grpo", "reasonrl.crosscheck"],
-    # what reads the runs' outputs and drives the pipeline (and make demo)
-    ["reasonrl.report", "reasonrl.compare", "reasonrl.pipeline", "reasonrl.demo"],
+    # what reads the runs' outputs and drives the pipeline (make demo, the seeds of a setting)
+    ["reasonrl.report", "reasonrl.compare", "reasonrl.pipeline", "reasonrl.demo", "reasonrl.seeds"],
 ]  # fmt: skip
 """The package's layers, lowest first: a module imports (at run time or for its annotations) from its own layer or
 lower ones only. Each entry names a module or a package, whose submodules it covers."""

@@ -2,6 +2,7 @@
 hand-made experiments, and experiments read through DVC from a real repository (a commit and the workspace)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +13,22 @@ from reasonrl.compare import (
     CompareError,
     Experiment,
     build_comparison,
+    build_settings_comparison,
+    comparison_rows,
     load_experiment,
     main,
     paired_row,
     params_table,
     parse_final,
     parse_generations,
+    setting_route,
 )
 from reasonrl.evaluation import summarize
 from reasonrl.protocols import BENCHMARK_SETS, TEST, UNNAMED_TEST, Slot
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.tables import format_accuracy
 from reasonrl.routes import ROUTES
+from reasonrl.statistics import minimum_detectable_difference, seed_variance_components
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -312,3 +317,87 @@ def test_an_unknown_experiment_is_named(dvc_repo):
     assert "error: unknown experiment 'no-such-exp': not an experiment name, a git revision or 'workspace'" in (
         done.stderr
     )
+
+
+# Settings over seeds: three settings of three seeds each, on 10 test questions with one sample each. GRPO's right
+# answers per seed (its accuracy: ref 0.2, 0.3, 0.4; clip 0.5, 0.6, 0.7; lr 0.3, 0.4, 0.5); the other routes answer as
+# REFERENCE in every seed (no seed-to-seed spread).
+SEEDED_GRPO = {
+    "ref": [[1, 1] + [0] * 8, [1, 1, 1] + [0] * 7, [1, 1, 1, 1] + [0] * 6],
+    "clip": [[1] * 5 + [0] * 5, [1] * 6 + [0] * 4, [0] + [1] * 7 + [0] * 2],
+    "lr": [[1, 1, 1] + [0] * 7, [0] * 6 + [1] * 4, [1] * 5 + [0] * 5],
+}
+SEEDED_PARAMS = {"ref": "reinforce_with_baseline", "clip": "grpo_clip", "lr": "reinforce_with_baseline"}
+
+
+def seeded(setting: str) -> list[Experiment]:
+    params = {"grpo.loss_type": SEEDED_PARAMS[setting], "grpo.learning_rate": 3e-5 if setting == "lr" else 1e-5}
+    return [
+        experiment(f"{setting}-seed{seed}", {**params, "grpo.seed": seed, "sft.seed": seed}, {"grpo": right})
+        for seed, right in enumerate(SEEDED_GRPO[setting])
+    ]
+
+
+def two_sided_t4(t: float) -> float:
+    """P(|T| ≥ t) with 4 degrees of freedom, in closed form: 1 − (3x − x³) / 2, x = t / √(4 + t²)."""
+    x = t / math.sqrt(4 + t * t)
+    return 1 - (3 * x - x**3) / 2
+
+
+def test_settings_are_summarised_over_their_seeds_by_hand():
+    routes = {route: [setting_route(s, seeded(s), route) for s in ("ref", "clip", "lr")] for route in ROUTES}
+    ref, clip, lr = routes["grpo"]
+    assert ref.accuracies == [0.2, 0.3, 0.4] and clip.accuracies == [0.5, 0.6, 0.7] and lr.accuracies == [0.3, 0.4, 0.5]
+    assert (ref.mean, clip.mean, lr.mean) == pytest.approx((0.3, 0.6, 0.4))
+    assert (ref.sd, clip.sd, lr.sd) == pytest.approx((0.1, 0.1, 0.1))  # √(((−0.1)² + 0 + 0.1²) / 2)
+    assert clip.per_question[2] == [0.0] + [1.0] * 7 + [0.0] * 2
+    low, high = clip.interval
+    assert 0.2 <= low < 0.6 < high <= 1.0  # 10 questions: wide; its coverage is tests/test_statistics.py's
+
+    rows = {row["setting"]: row for row in comparison_rows({"grpo": routes["grpo"]})}
+    # Equal variances, 3 seeds each: t = difference / √(0.01/3 + 0.01/3) with 4 degrees of freedom.
+    stderr = math.sqrt(0.02 / 3)
+    assert rows["clip"]["difference"] == pytest.approx(0.3) and rows["clip"]["df"] == pytest.approx(4.0)
+    p_clip, p_lr = two_sided_t4(0.3 / stderr), two_sided_t4(0.1 / stderr)  # 0.0213, 0.288
+    assert rows["clip"]["p_value"] == pytest.approx(p_clip) and rows["lr"]["p_value"] == pytest.approx(p_lr)
+    # Holm over the two comparisons: the smaller p doubled, the larger max(that, itself · 1).
+    assert rows["clip"]["holm_p_value"] == pytest.approx(2 * p_clip)
+    assert rows["lr"]["holm_p_value"] == pytest.approx(max(2 * p_clip, p_lr))
+    between, within = (
+        (a + b) / 2 for a, b in zip(*(seed_variance_components(s.per_question) for s in (clip, ref)), strict=True)
+    )
+    assert rows["clip"]["detectable"] == pytest.approx(minimum_detectable_difference(between, within, 3, 10))
+
+    base_rows = comparison_rows({"base": routes["base"]})
+    assert all(math.isnan(row["p_value"]) and row["difference"] == pytest.approx(0) for row in base_rows)  # no test
+
+
+def test_the_settings_page_shows_mean_sd_interval_and_corrected_p():
+    report = build_settings_comparison({s: seeded(s) for s in ("ref", "clip", "lr")})
+    markdown = render_markdown(report.blocks, "figures")
+    assert "| `grpo.learning_rate` | `1e-05` | `1e-05` | `3e-05` |" in markdown
+    assert "| `grpo.loss_type` | `reinforce_with_baseline` | `grpo_clip` | `reinforce_with_baseline` |" in markdown
+    assert "grpo.seed" not in markdown.split("## Test accuracy")[0]  # the seeds are no setting's param
+    assert "| grpo | `clip` | 3 | 60.0% ± 10.0 | [" in markdown and "| 50.0, 60.0, 70.0 |" in markdown
+    p_clip = two_sided_t4(0.3 / math.sqrt(0.02 / 3))
+    assert f"| grpo | `clip` | `ref` | +30.0 pts | 3.67 (4.0) | {p_clip:.3g} | {2 * p_clip:.3g} |" in markdown
+    assert "| base | `clip` | `ref` | +0.0 pts | no seed-to-seed spread | — | — | — |" in markdown
+    assert report.figures["seeds.png"].startswith(PNG_MAGIC)
+    # Two settings: one comparison per route, nothing to correct, no Holm column.
+    two = render_markdown(build_settings_comparison({s: seeded(s) for s in ("ref", "clip")}, figures=False).blocks)
+    assert "p (Holm)" not in two and "| grpo | `clip` | `ref` | +30.0 pts |" in two
+
+
+def test_a_setting_whose_seeds_differ_in_more_than_seeds_is_refused():
+    mixed = seeded("ref")
+    mixed[1] = seeded("lr")[1]
+    with pytest.raises(CompareError, match=r"setting 'ref': its experiments differ in grpo.learning_rate, not only"):
+        build_settings_comparison({"ref": mixed, "clip": seeded("clip")})
+
+
+def test_settings_take_no_experiments_and_no_baseline(capsys):
+    for argv in (["--settings", "a", "b", "--against", "x"], ["exp", "--settings", "a", "b"], []):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+    assert "name an experiment to compare (EXP), or settings with --settings" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Experiments side by side, against a baseline:
-``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``.
+``python -m reasonrl.compare EXP [EXP …] [--against BASELINE] [--out compare.md] [--html compare.html]``, or over
+seeds: ``python -m reasonrl.compare --settings SETTING SETTING [SETTING …] [--out …] [--html …]``.
 
 ``python -m reasonrl.compare no-baseline`` sets the experiment ``no-baseline`` beside ``demo``, the experiment
 ``make demo`` records; of several experiments the first is the baseline, unless ``--against`` names one.
@@ -14,26 +15,34 @@ of each experiment against the baseline per route (the same test questions and s
 ``reports/final/generations/<route>.jsonl``); with ``eval.benchmarks``, ``eval.test_sets`` or ``eval.protocols``, a
 table per protocol of each set's accuracy per route and experiment and the paired test per set
 (:mod:`reasonrl.protocols`); and the routes' validation curves overlaid.
+
+With ``--settings`` it compares settings over their seeds instead, each the experiments ``<setting>-seed<k>`` that
+``python -m reasonrl.seeds`` queued: per route the mean ± the between-seed sd, the interval over seeds and questions,
+and each setting against the first (Welch's test on seed means, Holm's correction for several, the minimum
+detectable difference); :mod:`reasonrl.statistics` holds the methods.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from statistics import stdev
 from typing import Any
 
 from reasonrl.cli import run_stage
 from reasonrl.data import jsonl_lines
 from reasonrl.demo import DEMO
 from reasonrl.errors import UserError
-from reasonrl.evaluation import paired_comparison
+from reasonrl.evaluation import paired_comparison, question_accuracies
 from reasonrl.markdown import code
 from reasonrl.protocols import TEST, UNNAMED_TEST, Slot, protocol_title, slot_summaries
 from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, render_markdown, write_report
-from reasonrl.report.figures import Panel, plot_panels
+from reasonrl.report.figures import Panel, SeedSpread, plot_panels, seeds_figure
 from reasonrl.report.inputs import (
     GRPO_EVALUATION_METRICS,
     flatten,
@@ -43,7 +52,16 @@ from reasonrl.report.inputs import (
 )
 from reasonrl.report.tables import format_accuracy, interval_name
 from reasonrl.routes import ROUTE, ROUTES, TRAINED_ROUTES
-from reasonrl.statistics import TEST_MCNEMAR, TEST_SIGN_FLIP
+from reasonrl.seeds import SEED_PARAMS, parse_experiment_name
+from reasonrl.statistics import (
+    TEST_MCNEMAR,
+    TEST_SIGN_FLIP,
+    holm_adjusted,
+    minimum_detectable_difference,
+    seed_variance_components,
+    two_level_bootstrap_interval,
+    welch_test,
+)
 
 WORKSPACE = "workspace"
 FINAL_METRICS = "reports/final/metrics.json"
@@ -404,10 +422,204 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
     return report
 
 
+# Settings over seeds (python -m reasonrl.seeds names each experiment <setting>-seed<k>).
+
+
+@dataclass(frozen=True)
+class SettingRoute:
+    """One setting's test accuracy on one route over its seeds."""
+
+    setting: str
+    accuracies: list[float]
+    """Each seed's test accuracy, as ``reports/final/metrics.json`` has it."""
+    per_question: list[list[float]] | None
+    """Each seed's accuracy per test question (the same questions in every seed); None where a seed's graded answers
+    are missing or its questions differ."""
+
+    @property
+    def mean(self) -> float:
+        return sum(self.accuracies) / len(self.accuracies)
+
+    @property
+    def sd(self) -> float:
+        """The between-seed standard deviation of the test accuracy."""
+        return stdev(self.accuracies)
+
+    @cached_property
+    def interval(self) -> tuple[float, float] | None:
+        """95% over seeds and questions (:func:`reasonrl.statistics.two_level_bootstrap_interval`)."""
+        return None if self.per_question is None else two_level_bootstrap_interval(self.per_question)
+
+
+def setting_names(settings: Sequence[str], repo: str | None = None) -> dict[str, list[str]]:
+    """Each setting's experiments (``<setting>-seed<k>``, any commit), by seed; a setting with fewer than two
+    raises :class:`CompareError`."""
+    from dvc.repo import Repo
+
+    with Repo(repo) as dvc_repo:
+        names = {name for listed in dvc_repo.experiments.ls(all_commits=True).values() for name, _ in listed}
+    grouped = {}
+    for setting in settings:
+        seeds = sorted(
+            (parsed[1], name) for name in names if (parsed := parse_experiment_name(name)) and parsed[0] == setting
+        )
+        if len(seeds) < 2:
+            raise CompareError(
+                f"setting {setting!r}: {len(seeds)} experiment(s) named {setting}-seed<k>; comparing over seeds needs "
+                f"two at least (`python -m reasonrl.seeds 0 1 2 --name {setting} …` queues them; `dvc exp list` lists "
+                "the experiments)"
+            )
+        grouped[setting] = [name for _, name in seeds]
+    return grouped
+
+
+def check_only_seeds_differ(setting: str, experiments: Sequence[Experiment]) -> None:
+    """A setting's experiments must differ in their seed params only; else their spread is not the seed's."""
+    if others := [key for key in differing_params([e.params for e in experiments]) if key not in SEED_PARAMS]:
+        raise CompareError(
+            f"setting {setting!r}: its experiments differ in {', '.join(others)}, not only in the seeds "
+            f"({', '.join(SEED_PARAMS)}); queue a setting's seeds with one `python -m reasonrl.seeds` command"
+        )
+
+
+def setting_route(setting: str, experiments: Sequence[Experiment], route: str) -> SettingRoute:
+    records = [e.generations.get(UNNAMED_TEST, {}).get(route) for e in experiments]
+    paired = all(r is not None for r in records) and all(same_questions(r, records[0]) for r in records)
+    per_question = [question_accuracies(r) for r in records] if paired else None
+    return SettingRoute(setting, [e.final[route]["accuracy"] for e in experiments], per_question)
+
+
+def comparison_rows(routes: Mapping[str, Sequence[SettingRoute]]) -> list[dict[str, Any]]:
+    """Route by route, each setting after the first against the first: Welch's test on seed accuracies
+    (:func:`reasonrl.statistics.welch_test`), Holm's adjustment over the route's comparisons, and the minimum
+    detectable difference at 80% power and level 0.05 for the pair's seeds and questions, from their pooled
+    between- and within-seed variances (None without per-question answers)."""
+    rows = []
+    for route, settings in routes.items():
+        reference, others = settings[0], settings[1:]
+        tests = [welch_test(s.accuracies, reference.accuracies) for s in others]
+        adjusted = holm_adjusted([t["p_value"] for t in tests])
+        for this, test, holm in zip(others, tests, adjusted, strict=True):
+            detectable = None
+            if this.per_question is not None and reference.per_question is not None:
+                components = [seed_variance_components(s.per_question) for s in (this, reference)]
+                between, within = (sum(c[i] for c in components) / 2 for i in (0, 1))
+                seeds = min(len(this.accuracies), len(reference.accuracies))
+                detectable = minimum_detectable_difference(between, within, seeds, len(this.per_question[0]))
+            rows.append({"route": route, "setting": this.setting, "against": reference.setting, **test,
+                         "holm_p_value": holm, "detectable": detectable})  # fmt: skip
+    return rows
+
+
+def _points(value: float) -> str:
+    return f"{100 * value:+.1f} pts"
+
+
+def settings_accuracy_table(routes: Mapping[str, Sequence[SettingRoute]]) -> Table:
+    rows = []
+    for route, settings in routes.items():
+        for s in settings:
+            interval = "—" if (i := s.interval) is None else f"[{100 * i[0]:.1f}, {100 * i[1]:.1f}]%"
+            seeds = ", ".join(f"{100 * a:.1f}" for a in s.accuracies)
+            rows.append([route, code(s.setting), str(len(s.accuracies)), f"{100 * s.mean:.1f}% ± {100 * s.sd:.1f}",
+                         interval, seeds])  # fmt: skip
+    return Table(["route", "setting", "seeds", "mean ± sd", "95% interval (seeds × questions)", "per seed (%)"], rows)
+
+
+def settings_test_table(rows: Sequence[Mapping[str, Any]], holm: bool) -> Table:
+    body = []
+    for row in rows:
+        no_spread = math.isnan(row["p_value"])
+        cells = [
+            row["route"], code(row["setting"]), code(row["against"]), _points(row["difference"]),
+            "no seed-to-seed spread" if no_spread else f"{row['t']:.2f} ({row['df']:.1f})",
+            "—" if no_spread else f"{row['p_value']:.3g}",
+        ]  # fmt: skip
+        if holm:
+            cells.append("—" if no_spread else f"{row['holm_p_value']:.3g}")
+        cells.append("—" if no_spread or row["detectable"] is None else f"{100 * row['detectable']:.1f} pts")
+        body.append(cells)
+    headers = ["route", "setting", "against", "difference", "Welch t (df)", "p"]
+    return Table([*headers, *(["p (Holm)"] if holm else []), "detectable (80% power)"], body)
+
+
+def build_settings_comparison(settings: Mapping[str, Sequence[Experiment]], figures: bool = True) -> Report:
+    """The page of settings over their seeds (the first setting is the reference): the params that differ between
+    settings, each route's mean ± sd over seeds with its interval over seeds and questions, and each setting
+    against the reference with Holm's correction when there are several."""
+    if len(settings) < 2:
+        raise CompareError("compare --settings needs two settings at least")
+    for setting, experiments in settings.items():
+        check_only_seeds_differ(setting, experiments)
+    names = list(settings)
+    report = Report()
+    report.blocks.append(Heading(1, f"Settings over seeds: {', '.join(code(n) for n in names)}"))
+
+    report.blocks.append(Heading(2, "Params that differ between settings"))
+    firsts = [experiments[0].params for experiments in settings.values()]
+    keys = [key for key in differing_params(firsts) if key not in SEED_PARAMS]
+    rows = [[code(key), *(_value(p.get(key, _UNSET)) for p in firsts)] for key in keys]
+    report.blocks.append(Table(["param", *(code(n) for n in names)], rows) if rows else Paragraph("None."))
+
+    routes = {route: [setting_route(n, settings[n], route) for n in names] for route in ROUTES}
+    report.blocks.append(Heading(2, "Test accuracy over seeds"))
+    report.blocks.append(settings_accuracy_table(routes))
+    report.blocks.append(
+        Paragraph(
+            "Each seed's test accuracy from its `reports/final/metrics.json`; mean and between-seed standard "
+            "deviation over the seeds; the 95% interval of the mean by a two-level bootstrap (seeds drawn with "
+            "replacement, then the test questions, the same draw for every seed since every seed answers the same "
+            "questions; `reports/final/generations/<route>.jsonl`; — where a seed lacks them). With 3 seeds the "
+            "interval is too narrow when seeds vary much more than questions do (docs/experiments.md)."
+        )
+    )
+
+    holm = len(names) > 2
+    report.blocks.append(Heading(2, f"Settings against {code(names[0])}"))
+    report.blocks.append(settings_test_table(comparison_rows(routes), holm))
+    report.blocks.append(
+        Paragraph(
+            "Difference of mean test accuracy; Welch's t-test on the seeds' accuracies (the seeds are a setting's "
+            "independent replicates; each seed's accuracy carries its questions' noise, and the t distribution "
+            "accounts for having few seeds, where a permutation test of 3 seeds against 3 cannot go below p = 0.1)"
+            + ("; p (Holm): adjusted for the route's comparisons with the reference" if holm else "")
+            + ". Detectable: the smallest true difference this many seeds and questions detect 80% of the time at "
+            "level 0.05, from the two settings' between-seed and within-seed (question × seed) variances; a "
+            "smaller one can be real and missed. A route no seed param changes (e.g. base with a hub model) has "
+            "no seed-to-seed spread and no test."
+        )
+    )
+    if figures:
+        report.figures["seeds.png"] = seeds_figure(
+            {
+                route: [SeedSpread(s.setting, s.accuracies, s.interval) for s in spreads]
+                for route, spreads in routes.items()
+            }
+        )
+        report.blocks.append(Figure("seeds.png", "Test accuracy per route: each seed (dots), and the mean with its "
+                                    "95% interval over seeds and questions (bar)."))  # fmt: skip
+    return report
+
+
+def compare_settings(settings: Sequence[str], out: Path | None, html: Path | None) -> None:
+    """``compare --settings``: load each setting's seeds and write or print the page."""
+    grouped = setting_names(list(dict.fromkeys(settings)))
+    experiments = {setting: [load_experiment(name) for name in names] for setting, names in grouped.items()}
+    written = out is not None or html is not None
+    report = build_settings_comparison(experiments, figures=written)
+    if not written:
+        print(render_markdown(report.blocks), end="")
+        return
+    figures_dir = None if out is None else out.with_name(f"{out.stem}_figures")
+    write_report(report, out, html, figures_dir, title="reasonrl: settings compared over seeds")
+    print("compare: " + ", ".join(str(path) for path in (out, html) if path is not None))
+
+
 EXAMPLES = """examples:
   python -m reasonrl.compare no-baseline                                    # no-baseline against demo
   python -m reasonrl.compare reference lr-3e-6 lr-3e-5 --html compare.html  # both against reference
-  python -m reasonrl.compare workspace --against no-baseline                # the files on disk against it"""
+  python -m reasonrl.compare workspace --against no-baseline                # the files on disk against it
+  python -m reasonrl.compare --settings reference clip --out compare.md     # settings over their seeds"""
 
 
 def compared_names(experiments: Sequence[str], against: str | None) -> list[str]:
@@ -446,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the examples' lines
     )
     parser.add_argument(
-        "experiments", nargs="+", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r} (the files on "
+        "experiments", nargs="*", metavar="EXP", help=f"experiment name, git revision or {WORKSPACE!r} (the files on "
         "disk)"
     )  # fmt: skip
     parser.add_argument(
@@ -457,7 +669,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--out", type=Path, help="Markdown page to write; its figures go beside it (compare.md: compare_figures/)"
     )
     parser.add_argument("--html", type=Path, help="self-contained HTML page to write")
+    parser.add_argument(
+        "--settings", nargs="+", metavar="SETTING", help="compare settings over their seeds instead: the experiments "
+        "<SETTING>-seed<k> that `python -m reasonrl.seeds` queued, the first setting the reference"
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.settings:
+        if args.experiments or args.against:
+            parser.error("--settings compares settings; name no EXP and no --against with it")
+        compare_settings(args.settings, args.out, args.html)
+        return
+    if not args.experiments:
+        parser.error("name an experiment to compare (EXP), or settings with --settings")
     against, *names = compared_names(args.experiments, args.against)
     experiments = [load_baseline(against), *(load_experiment(name) for name in names)]
     written = args.out is not None or args.html is not None

@@ -266,3 +266,8 @@ def add_paired_comparisons(results: dict[str, EvalResult], references: Mapping[s
         if name in results and reference in results:
             paired = paired_comparison(results[name].records, results[reference].records)
             results[name].metrics["paired"] = {"reference": reference, **paired}
+
+
+def question_accuracies(records: list[dict[str, Any]]) -> list[float]:
+    """Each question's share of right answers, questions in the order of their first sample."""
+    return [sum(group) / len(group) for group in _right_per_question(records).values()]

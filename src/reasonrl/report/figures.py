@@ -219,3 +219,31 @@ def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
             axes.legend(lines, [line.get_label() for line in lines], fontsize="small")
     figure.suptitle(suptitle)
     return png(figure)
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """One setting's test accuracy on one route over its seeds: each seed's, and their mean with its interval."""
+
+    setting: str
+    accuracies: list[float]
+    interval: tuple[float, float] | None
+
+
+def seeds_figure(routes: Mapping[str, list[SeedSpread]]) -> bytes:
+    """One panel per route: each setting's seeds as dots, their mean as a bar with its interval."""
+    figure, [row] = _figure(1, len(routes), 3.2 * len(routes), 3.4, sharey=True)
+    for (route, spreads), axes in zip(routes.items(), row, strict=True):
+        for x, spread in enumerate(spreads):
+            colour = SERIES_COLOURS[x % len(SERIES_COLOURS)]
+            mean = sum(spread.accuracies) / len(spread.accuracies)
+            if spread.interval is not None:
+                low, high = spread.interval
+                axes.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], fmt="_", color=colour, capsize=8)
+            axes.scatter([x] * len(spread.accuracies), spread.accuracies, color=colour, alpha=0.6, s=14)
+        axes.set_xticks(range(len(spreads)), [_literal(s.setting) for s in spreads], rotation=20, fontsize="small")
+        axes.set_xlim(-0.5, len(spreads) - 0.5)
+        axes.set_title(route, fontsize="medium")
+    row[0].set_ylabel("test accuracy")
+    figure.suptitle("Test accuracy per seed (dots), mean and 95% interval over seeds and questions")
+    return png(figure)
