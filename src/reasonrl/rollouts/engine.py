@@ -264,12 +264,11 @@ class RolloutEngine:
             reload_logger.addFilter(_RotaryReloadWarningFilter())
 
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
-        cpu_start = contextlib.ExitStack()
-        if config.layout == "cpu":
-            cpu_start.enter_context(_numa_notice_dropped())
-            cpu_start.enter_context(_compile_cache_loadable())
         # vLLM seeds torch, random and numpy globally with config.seed at start
-        with _caller_rng_preserved(), cpu_start:
+        with _caller_rng_preserved(), contextlib.ExitStack() as cpu_start:
+            if config.layout == "cpu":
+                cpu_start.enter_context(_numa_notice_dropped())
+                cpu_start.enter_context(_compile_cache_loadable())
             self._llm = LLM(
                 model=str(model_dir),
                 dtype=config.dtype,
