@@ -1018,3 +1018,17 @@ def test_markdown_shows_every_text_as_the_html_does(payload):
     assert displayed(shown) == displayed(body)
     assert "<script" not in body and "<img" not in body and "<a " not in body
     assert f"<code>{html.escape(payload.replace(chr(10), ' '))}</code>" in body  # code() holds it whole
+
+
+def test_the_cost_table_shows_each_stages_cost_json(toy_report):
+    _, markdown, _ = toy_report
+    section = markdown[markdown.index("## What each stage cost") : markdown.index("## Entropy and response length")]
+    # SFT: half a core-hour on 4 cores; 100 + 200 tokens generated in 10 s (20 response tokens/s), 50 + 150 trained
+    # in 20 s (7.5/s, shown as 8); price 2 per core-hour; no plan on the CPU.
+    sft = next(line for line in section.splitlines() if line.startswith("| sft |"))
+    cells = [cell.strip() for cell in sft.strip("|").split("|")]
+    assert cells[:6] == ["sft", "0.5 core-h (4 cores)", "100 + 200", "20", "50 + 150", "8"]
+    assert cells[6].endswith("RSS") or "RSS, child" in cells[6]
+    assert cells[7:] == ["—", "1"]
+    # the fixture's run has no baseline or final_eval cost.json: said, not zero
+    assert "| baseline | not recorded |" in section and "| final_eval | not recorded |" in section
