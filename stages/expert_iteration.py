@@ -37,7 +37,7 @@ def main() -> None:
             val,
             config,
             params.eval,
-            open_live=lambda resume: open_live(args.live, resume=resume),
+            open_live=lambda resume: open_live(args.live, resume, monitor_system=params.rollout.on_gpu),
             live_dir=Path(args.live),
             checkpoint_dir=Path(args.checkpoints),
             init_model_dir=start,

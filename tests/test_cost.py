@@ -138,3 +138,11 @@ def test_write_cost_writes_the_report(tmp_path):
 def test_the_price_must_be_positive(price):
     with pytest.raises(ConfigError, match="cost.device_hour_price"):
         from_dict(Params, {"cost": {"device_hour_price": price}})
+
+
+def test_system_monitoring_is_asked_for_on_a_gpu_layout_only():
+    """The training stages pass ``rollout.on_gpu`` to DVCLive's ``monitor_system``: on the CPU its sampling thread
+    would compete with the run for the cores (and, without NVML, log an error every sample)."""
+    assert not Params().rollout.on_gpu
+    for layout in ("colocate", "split"):
+        assert from_dict(Params, {"rollout": {"layout": layout}}).rollout.on_gpu

@@ -279,6 +279,11 @@ class EngineConfig:
     (docs/reproducibility.md)."""
 
     @property
+    def on_gpu(self) -> bool:
+        """The layout puts the policy and the engine on GPUs."""
+        return LAYOUT_GPUS[self.layout] > 0
+
+    @property
     def engine_memory_fraction(self) -> float:
         """The engine's share of its GPU: ``gpu_memory_utilization``, or the layout's default."""
         if self.gpu_memory_utilization is not None:

@@ -121,9 +121,9 @@ class Device:
 def stage_device(params: Params, ranks: int = 1) -> Device:
     """What a stage of ``ranks`` processes holds: on a GPU layout each rank's GPUs (``rollout.layout``), else the
     CPU cores this process may run on."""
-    gpus = LAYOUT_GPUS[params.rollout.layout]
-    if gpus:
-        return Device("cuda", gpus * ranks, f"GPUs of rollout.layout {params.rollout.layout} × {ranks} rank(s)")
+    if params.rollout.on_gpu:
+        gpus = LAYOUT_GPUS[params.rollout.layout] * ranks
+        return Device("cuda", gpus, f"GPUs of rollout.layout {params.rollout.layout} × {ranks} rank(s)")
     return Device("cpu", len(os.sched_getaffinity(0)), "CPU cores this process may run on (its affinity)")
 
 
