@@ -52,8 +52,9 @@ def sequence_lengths(response_mask: torch.Tensor) -> list[int]:
 
 
 def trained_tokens(response_mask: torch.Tensor, rows: Sequence[int] | None = None) -> Tokens:
-    """The tokens a training forward runs over in ``rows`` (None: all) of a right-padded ``[B, T]`` batch, padding
-    excluded: each row's response tokens, and its prompt tokens up to the first of them."""
+    """The positions a training forward runs over in ``rows`` (None: all) of a right-padded ``[B, T]`` batch,
+    padding excluded: each row's response labels, and the prompt positions before them
+    (:class:`reasonrl.cost.Tokens`)."""
     mask = response_mask if rows is None else response_mask[list(rows)]
     response = int(mask.sum())
     return Tokens(sum(sequence_lengths(mask)) - response, response)

@@ -34,7 +34,9 @@ SECONDS_PER_HOUR = 3600.0
 class Tokens:
     """Tokens of prompts and of responses. Generated: each sample counts its prompt (a prompt sampled ``n`` times
     counts ``n`` times, as the engine attends to it for each) and its generated tokens, a final EOS included.
-    Trained: each trained row's prompt and response tokens, padding excluded, once per pass over it."""
+    Trained: the positions a trained row's forward runs over, padding excluded, once per pass over it: the response
+    tokens it predicts, and the prompt positions before them (the prompt's tokens but its last, whose position
+    predicts the first response token)."""
 
     prompt: int = 0
     response: int = 0
