@@ -146,3 +146,34 @@ def test_system_monitoring_is_asked_for_on_a_gpu_layout_only():
     assert not Params().rollout.on_gpu
     for layout in ("colocate", "split"):
         assert from_dict(Params, {"rollout": {"layout": layout}}).rollout.on_gpu
+
+
+def test_a_grpo_step_counts_its_phases_and_every_sample_it_drew():
+    """All rounds' samples count (dynamic sampling drops groups, but the engine drew them); the step's total is not
+    a phase; where the engine drew beside the trainer, its tokens go to its own time, not the trainer's wait."""
+    from reasonrl.grpo import STEP_PHASES, account_step
+    from reasonrl.rollouts.types import DrawnRollouts, StepRollouts
+    from reasonrl.training.timers import PhaseTimer
+
+    kept = Sample("a", [5, 6], None, [1, 2, 3], "eos")
+    dropped = Sample("b", [7, 8, 9], None, [1, 2], "length")
+    drawn = DrawnRollouts([], [], [kept], [], [], [kept, dropped], [], sampling_rounds=2, dropped_groups=1)
+    timer = PhaseTimer(STEP_PHASES)
+    for phase, seconds in {"rollout": 2.0, "scoring": 0.5, "old_log_prob": 1.0, "train": 3.0, "step": 7.0}.items():
+        timer.record(phase, seconds)
+    ledger = CostLedger()
+    account_step(ledger, timer, StepRollouts(0, 0, drawn))
+    account_step(ledger, timer, StepRollouts(1, 1, drawn))
+    assert {name: phase.seconds for name, phase in ledger.phases.items()} == {
+        "rollout": 4.0,
+        "scoring": 1.0,
+        "old_log_prob": 2.0,
+        "train": 6.0,
+    }
+    assert ledger.phases["rollout"].tokens == Tokens(prompt=2 * 5, response=2 * 5)
+
+    beside = CostLedger()
+    timer.record("engine", 6.0)
+    account_step(beside, timer, StepRollouts(2, 1, drawn, engine_seconds=6.0))
+    assert beside.phases["engine"].tokens == Tokens(5, 5) and beside.phases["engine"].seconds == 6.0
+    assert beside.phases["rollout"].kind is None  # the trainer's wait generated nothing itself
