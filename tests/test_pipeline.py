@@ -73,6 +73,8 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
     # a stage's metrics file is a plain output, which DVC shows on request (the headline is the declared metric)
     shown = json.loads(run(["dvc", "metrics", "show", "reports/baseline/metrics.json", "--json"], clone, env))
     assert shown[""]["data"]["reports/baseline/metrics.json"]["data"] == without_nulls(metrics)  # DVC drops nulls
+    shown = json.loads(run(["dvc", "metrics", "show", "reports/baseline/cost.json", "--json"], clone, env))
+    assert shown[""]["data"]["reports/baseline/cost.json"]["data"]["device_hours"] == cost["device_hours"]
     # git sees only DVC's bookkeeping; the data, model and reports themselves are git-ignored DVC outputs
     status = run(["git", "status", "--porcelain", "--untracked-files=all"], clone, env).splitlines()
     assert sorted(line[3:] for line in status) == [
