@@ -68,9 +68,12 @@ def check_cost(reports: Path, stage: str) -> dict[str, Any]:
     cost = json.loads((reports / stage / "cost.json").read_text())
     phases = cost["phases"]
     assert STAGE_PHASES[stage] <= set(phases) <= STAGE_PHASES[stage] | {"train"}, phases
+    assert phases["engine_start" if "engine_start" in phases else "start"]["seconds"] > 0  # never instant
     for name, phase in phases.items():
-        assert phase["seconds"] > 0 or name == "weight_sync", (name, phase)
+        # GRPO's old_log_prob and train phases take next to nothing when no group has a learning signal
+        assert phase["seconds"] >= 0, (name, phase)
         if "tokens" in phase:
+            assert phase["seconds"] > 0, (name, phase)
             assert phase["response_tokens"] > 0 and phase["prompt_tokens"] > 0, (name, phase)
             assert phase["tokens_per_second"] > phase["response_tokens_per_second"] > 0, (name, phase)
     for kind in ("generated", "trained"):
