@@ -388,7 +388,7 @@ def cost_panels(experiments: Sequence[Experiment]) -> list[Panel]:
                 if route in e.costs
             },
             integer_x=False,
-        )  # fmt: skip
+        )
         for route in TRAINED_ROUTES
     ]
 
