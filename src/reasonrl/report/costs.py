@@ -21,11 +21,14 @@ def stage_costs(reports_dir: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def tokens_per_second(cost: Mapping[str, Any], kind: str) -> float | None:
-    """Response tokens per second over the phases that count ``kind`` tokens (generated, trained); None for none."""
-    phases = [phase for phase in cost["phases"].values() if phase.get("tokens") == kind]
+def tokens_per_second(phases: list[Mapping[str, Any]]) -> float | None:
+    """Response tokens per second over ``phases``; None where they took no time."""
     seconds = sum(phase["seconds"] for phase in phases)
-    return sum(phase["response_tokens"] for phase in phases) / seconds if seconds > 0 else None
+    return sum(phase.get("response_tokens", 0) for phase in phases) / seconds if seconds > 0 else None
+
+
+def generating(cost: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [phase for phase in cost["phases"].values() if phase.get("tokens") == "generated"]
 
 
 def mebibytes(size: int | None) -> str:
@@ -51,14 +54,15 @@ def cost_row(stage: str, cost: Mapping[str, Any]) -> list[str]:
     generated, trained, memory = cost["tokens_generated"], cost["tokens_trained"], cost["memory"]
     planned = memory.get("planned_training_bytes")
     price = cost.get("price")
+    train = cost["phases"].get("train")  # none where no training ran; one that trained nothing counts 0
     return [
         stage,
         f"{cost['device_hours']:.4g} {HOURS_UNITS[cost['device_hours_unit']]} ({cost['device']['count']} "
         f"{'GPUs' if cost['device']['kind'] == 'cuda' else 'cores'})",
         f"{generated['prompt']:,} + {generated['response']:,}",
-        rate(tokens_per_second(cost, "generated")),
-        f"{trained['prompt']:,} + {trained['response']:,}" if trained["total"] else "—",
-        rate(tokens_per_second(cost, "trained")),
+        rate(tokens_per_second(generating(cost))),
+        "—" if train is None else f"{trained['prompt']:,} + {trained['response']:,}",
+        "—" if train is None else rate(tokens_per_second([train])),
         peak(memory),
         mebibytes(planned),
         "—" if price is None else f"{price:.4g}",
@@ -89,7 +93,8 @@ def cost_section(report: Report, reports_dir: Path) -> None:
             "From each stage's `cost.json` (`reports/<stage>/cost.json`): device-hours are the devices the stage held "
             "× its wall clock (GPUs on CUDA, CPU cores on the CPU); a prompt counts once per sample drawn from it; "
             "the rates are response tokens per second of the phases that generated or trained them. A figure this "
-            "device cannot measure is null in `cost.json`, with its reason (—: not measured, not zero). A resumed "
-            "stage counts from its resume. Price: `cost.device_hour_price` × device-hours."
+            "device cannot measure is null in `cost.json`, with its reason (—: not measured, or no training phase "
+            "ran; never a zero). A resumed stage counts from its resume. Price: `cost.device_hour_price` × "
+            "device-hours."
         )
     )
