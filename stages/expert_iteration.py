@@ -18,6 +18,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output model directory (best round)")
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--cost", required=True, help="cost JSON to write (reasonrl.cost)")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -27,7 +28,7 @@ def main() -> None:
     train_file, val_file = Path(args.data) / "train.jsonl", Path(args.data) / "val.jsonl"
     train, val = load_gsm8k(train_file), load_gsm8k(val_file)
 
-    def run(engine, policy, tokenizer, keep):
+    def run(engine, policy, tokenizer, keep, ledger):
         return run_expert_iteration(
             policy,
             tokenizer,
@@ -36,11 +37,12 @@ def main() -> None:
             val,
             config,
             params.eval,
-            open_live=lambda resume: open_live(args.live, resume=resume),
+            open_live=lambda resume: open_live(args.live, resume, monitor_system=params.rollout.on_gpu),
             live_dir=Path(args.live),
             checkpoint_dir=Path(args.checkpoints),
             init_model_dir=start,
             rewards=params.rewards.specs,
+            ledger=ledger,
         )
 
     best = run_training_stage(
@@ -53,6 +55,7 @@ def main() -> None:
         params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
+        cost=args.cost,
         started=started,
         unit="round",
     )

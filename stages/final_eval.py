@@ -5,6 +5,7 @@ the base model with ``sft.prompt``, the prompt SFT starts it on. Then the same o
 math-verify); and all of it again under each of ``eval.protocols``, under the route's ``protocols``
 (``reasonrl.protocols``)."""
 
+import time
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -12,6 +13,7 @@ from transformers import AutoTokenizer
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import ConfigError, Params, load_params
+from reasonrl.cost import CostLedger, write_cost
 from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
 from reasonrl.evaluation import EvalResult, evaluate_checkpoints
@@ -87,7 +89,9 @@ def main() -> None:
     parser.add_argument(
         "--crosscheck", required=True, help="JSON to write: each model's answers math-verify grades differently"
     )
+    parser.add_argument("--cost", required=True, help="cost JSON to write (reasonrl.cost)")
     args = parser.parse_args()
+    started = time.perf_counter()
     params = load_params(args.params)
     models = parse_models(args.model)
     prompts = training_prompts(models, params)
@@ -101,8 +105,14 @@ def main() -> None:
     tasks = final_tasks(params, test, test_sets, benchmarks)
 
     # One engine for all models: each is loaded into it in place, and every evaluation is seeded alike.
-    engine = RolloutEngine(first, params.rollout)
-    results = evaluate_checkpoints(engine, models, tasks, prompts, seed=params.rollout.seed)
+    ledger = CostLedger()
+    with ledger.timed("engine_start"):
+        engine = RolloutEngine(first, params.rollout)
+    with ledger.timed("evaluation"):  # the models' loading into the engine included
+        results = evaluate_checkpoints(engine, models, tasks, prompts, seed=params.rollout.seed)
+    for by_route in results.values():
+        for result in by_route.values():
+            ledger.add_tokens("evaluation", "generated", result.tokens)
     # Each route against the model it started from: same questions, samples and seed, so answers pair up.
     add_all_paired_comparisons(results, {route: start_model(params, route) for route in TRAINED_ROUTES})
     # A second, independent grader on every test answer: its disagreements with ours go to the report.
@@ -115,6 +125,7 @@ def main() -> None:
                 atomic_write_jsonl(directory / f"{name}.jsonl", result.records)
     atomic_write_json(args.crosscheck, disagreements)
     atomic_write_json(args.metrics, route_summaries(results, params))
+    write_cost(args.cost, ledger, started, params)
     for slot, by_route in results.items():
         print_results(by_route, slot.label())
 

@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
     parser.add_argument("--kept", required=True, help="policies kept every grpo.keep_every steps (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--cost", required=True, help="cost JSON to write (reasonrl.cost)")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves and example rollouts")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -33,7 +34,7 @@ def main() -> None:
     ranks = init_ranks(params.distributed, "cpu" if params.rollout.layout == "cpu" else "cuda")  # before the engine
     shards = ranks.world_size if params.distributed.strategy == "fsdp2" else 1  # for the memory plan
 
-    def run(engine, policy, tokenizer, keep):
+    def run(engine, policy, tokenizer, keep, ledger):
         return run_grpo(
             policy,
             tokenizer,
@@ -42,7 +43,7 @@ def main() -> None:
             val,
             config,
             params.eval,
-            open_live=lambda resume: open_live(args.live, resume=resume),
+            open_live=lambda resume: open_live(args.live, resume, monitor_system=params.rollout.on_gpu),
             live_dir=Path(args.live),
             checkpoint_dir=Path(args.checkpoints),
             init_model_dir=start,
@@ -50,6 +51,7 @@ def main() -> None:
             ranks=ranks,
             rewards=params.rewards.specs,
             keep=keep,
+            ledger=ledger,
         )
 
     outputs = [
@@ -70,6 +72,7 @@ def main() -> None:
         params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
+        cost=args.cost,
         started=started,
         kept=kept_directory(args.kept) if config.cadence.keep_every else None,
         ranks=ranks,

@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", required=True, help="resumable checkpoints (kept between runs)")
     parser.add_argument("--kept", required=True, help="policies kept every sft.keep_every steps (kept between runs)")
     parser.add_argument("--metrics", required=True, help="summary metrics JSON to write")
+    parser.add_argument("--cost", required=True, help="cost JSON to write (reasonrl.cost)")
     parser.add_argument("--live", required=True, help="DVCLive directory for the curves")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -43,7 +44,7 @@ def main() -> None:
     pairs = load_pairs(pairs_file, config.num_examples)
     val = load_gsm8k(val_file)
 
-    def run(engine, policy, tokenizer, keep):
+    def run(engine, policy, tokenizer, keep, ledger):
         return run_sft(
             policy,
             tokenizer,
@@ -52,12 +53,13 @@ def main() -> None:
             engine,
             val,
             params.eval,
-            open_live=lambda resume: open_live(args.live, resume=resume),
+            open_live=lambda resume: open_live(args.live, resume, monitor_system=params.rollout.on_gpu),
             live_dir=Path(args.live),
             checkpoint_dir=Path(args.checkpoints),
             init_model_dir=args.model,
             keep=keep,
             rewards=params.rewards.specs,
+            ledger=ledger,
         )
 
     best = run_training_stage(
@@ -70,6 +72,7 @@ def main() -> None:
         params_file=args.params,
         checkpoints=args.checkpoints,
         metrics=args.metrics,
+        cost=args.cost,
         started=started,
         kept=kept_directory(args.kept) if config.cadence.keep_every else None,
         kept_unit="optimizer step",

@@ -1,6 +1,7 @@
 """A temporary git repository holding this working tree with a params preset applied: where the DVC pipeline runs
 in the end-to-end tests."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,50 @@ EXAMPLE_SHA256 = {
     "shifted": "36f001e4a0cdcbf6811c3e3fa64721111949a2d81ce5c00c427d307a85e30961",
 }
 EXAMPLE_FIELDS = {"question_field": "problem", "answer_field": "solution", "answer_format": "boxed"}
+
+
+STAGE_PHASES = {
+    "baseline": {"engine_start", "evaluation"},
+    "sft": {"start", "train", "validation", "save"},
+    "ei": {"start", "rollout", "validation", "save"},  # and train, where a round kept a correct rollout
+    "grpo": {"start", "rollout", "weight_sync", "scoring", "old_log_prob", "train", "validation", "save"},
+    "final": {"engine_start", "evaluation"},
+}
+"""The phases each stage's ``reports/<dir>/cost.json`` times on the CPU, lag 0 (reasonrl.cost)."""
+
+
+def check_cost(reports: Path, stage: str) -> dict[str, Any]:
+    """``reports/<stage>/cost.json`` of a CPU run: its phases timed, the tokens they handled counted, every figure
+    measured and positive, and each null one with its reason; returns it."""
+    cost = json.loads((reports / stage / "cost.json").read_text())
+    phases = cost["phases"]
+    assert STAGE_PHASES[stage] <= set(phases) <= STAGE_PHASES[stage] | {"train"}, phases
+    assert phases["engine_start" if "engine_start" in phases else "start"]["seconds"] > 0  # never instant
+    for name, phase in phases.items():
+        # GRPO's old_log_prob and train phases take next to nothing when no group has a learning signal
+        assert phase["seconds"] >= 0, (name, phase)
+        if "tokens" in phase:
+            assert phase["seconds"] > 0, (name, phase)
+            assert phase["response_tokens"] > 0 and phase["prompt_tokens"] > 0, (name, phase)
+            assert phase["tokens_per_second"] > phase["response_tokens_per_second"] > 0, (name, phase)
+    for kind in ("generated", "trained"):
+        counted = [phase for phase in phases.values() if phase.get("tokens") == kind]
+        total = {part: sum(phase[f"{part}_tokens"] for phase in counted) for part in ("prompt", "response")}
+        assert cost[f"tokens_{kind}"] == total | {"total": sum(total.values())}
+    assert cost["tokens_generated"]["response"] > 0 and cost["tokens_generated"]["prompt"] > 0
+    if stage == "sft":  # every step trains (GRPO and EI skip what has no learning signal: a tiny model's may all)
+        assert cost["tokens_trained"]["response"] > 0
+    wall_clock, cores = cost["wall_clock_seconds"], cost["device"]["count"]
+    # The phases run one at a time, but for the engine's own time beside the trainer (GRPO, max_staleness ≥ 1)
+    in_turn = sum(phase["seconds"] for name, phase in phases.items() if name != "engine")
+    assert wall_clock >= in_turn - 0.01
+    assert cost["device"]["kind"] == "cpu" and cost["device_hours_unit"] == "cpu_core_hours" and cores >= 1
+    assert abs(cost["device_hours"] - cores * wall_clock / 3600) <= cores * 0.001 / 3600  # wall clock: rounded
+    assert cost["memory"]["peak_rss_bytes"] > 2**20
+    nulls = {key for key, value in (cost["memory"] | {"price": cost["price"]}).items() if value is None}
+    assert nulls == set(cost["reasons"]) and all(cost["reasons"].values())
+    assert {"peak_cuda_allocated_bytes", "planned_training_bytes", "price"} <= nulls
+    return cost
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:

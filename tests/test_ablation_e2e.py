@@ -16,6 +16,7 @@ from pipeline_repo import (
     EXAMPLE_SHA256,
     REPO,
     TINY_PIPELINE_OVERRIDES,
+    check_cost,
     make_pipeline_repo,
     run,
 )
@@ -91,6 +92,11 @@ def test_the_demo_then_an_ablation_then_its_comparison_as_the_readme_runs_them(r
         assert len((clone / f"reports/final/generations/{name}.jsonl").read_text().splitlines()) == 24
     html = (clone / "reports/report.html").read_text()
     assert "data:image/png;base64," in html and 'src="figures/' not in html
+    costs = {stage: check_cost(clone / "reports", stage) for stage in ("baseline", "sft", "ei", "grpo", "final")}
+    headline_cost = json.loads((clone / "reports/headline.json").read_text())["cost"]
+    assert headline_cost["device_hours"] == {route: costs[route]["device_hours"] for route in ("sft", "ei", "grpo")}
+    assert all(hours > 0 for hours in headline_cost["device_hours"].values())
+    assert headline_cost["price"] == {"sft": None, "ei": None, "grpo": None}  # cost.device_hour_price: null
     table = demo.stdout[demo.stdout.index("Test accuracy on 24 answers to 24 test questions") :]
     rows = {line.split()[0]: line for line in table.splitlines()[3:7]}
     assert list(rows) == list(ROUTES)

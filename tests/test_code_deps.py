@@ -290,7 +290,7 @@ LAYERS = [
     # models and the computations on them
     ["reasonrl.models", "reasonrl.tiny_model", "reasonrl.cot_filter", "reasonrl.tokenization", "reasonrl.batching",
      "reasonrl.logprobs", "reasonrl.losses", "reasonrl.distributed", "reasonrl.lora", "reasonrl.memory",
-     "reasonrl.launch"],
+     "reasonrl.cost", "reasonrl.launch"],
     # sampling: the engine, its process, and evaluating with it (whose results the process hands back)
     ["reasonrl.rollouts", "reasonrl.evaluation", "reasonrl.protocols"],
     # the run harness: checkpoints, resuming, the trained models' cards

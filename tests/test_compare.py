@@ -15,6 +15,7 @@ from reasonrl.compare import (
     build_comparison,
     build_settings_comparison,
     comparison_rows,
+    cost_panels,
     load_experiment,
     main,
     paired_row,
@@ -46,11 +47,18 @@ REFERENCE = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # 2 of 10 right
 BETTER = [1, 0, 1, 1, 1, 1, 1, 0, 0, 0]  # 6 of 10: right alone on 5 questions, wrong alone on 1
 
 
-def experiment(name: str, params: dict, right: dict[str, list[int]], samples: int = 1) -> Experiment:
+def experiment(
+    name: str, params: dict, right: dict[str, list[int]], samples: int = 1, costs: dict | None = None
+) -> Experiment:
     generations = {route: graded(right.get(route, REFERENCE), samples) for route in ROUTES}
     final = {route: summarize(records) for route, records in generations.items()}
     curves = {"sft": [(2, 0.1), (4, 0.3)], "ei": None, "grpo": None}
-    return Experiment(name, params, final, {UNNAMED_TEST: generations}, curves)
+    return Experiment(name, params, final, {UNNAMED_TEST: generations}, curves, costs or {})
+
+
+def core_hours(hours: float) -> dict:
+    """A training stage's cost.json, as far as compare reads it."""
+    return {"device_hours": hours, "device_hours_unit": "cpu_core_hours"}
 
 
 def test_params_table_lists_only_the_params_that_differ():
@@ -109,7 +117,9 @@ def test_the_page_leads_with_params_then_accuracy_then_paired_tests():
         "## Test accuracy per route",
         "## Paired tests against `reference`",
         "## Validation accuracy during training",
+        "## Test accuracy against training cost",
     ]
+    assert "Not available: no experiment holds a training stage's `cost.json`." in markdown
     assert "| `grpo.loss_type` | `grpo_clip` | `no_baseline` |" in markdown
     for route in ROUTES:
         cells = [format_accuracy(e.final[route]) for e in (reference, other)]
@@ -184,11 +194,32 @@ def test_experiment_names_are_drawn_as_written(monkeypatch):
     drawn, png = [], figures.png
     monkeypatch.setattr(figures, "png", lambda figure: drawn.append(figure) or png(figure))
     build_comparison([experiment(name, {}, {}) for name in names])
-    (figure,) = drawn
+    (figure,) = drawn  # the validation curves; none of them has a cost.json to plot
     legend = figure.axes[0].get_legend()  # the SFT panel: every experiment logged a curve
     # What each entry shows: Text._preprocess_math is how matplotlib reads a string before drawing it.
     shown = [text._preprocess_math(text.get_text()) for text in legend.get_texts()]
     assert shown == [(name, False) for name in names]
+
+
+def test_accuracy_is_plotted_against_each_training_stages_device_hours(monkeypatch):
+    from reasonrl.report import figures
+
+    reference = experiment("reference", {}, {}, costs={"sft": core_hours(0.5), "grpo": core_hours(2.0)})
+    better = experiment("better", {}, {"grpo": BETTER}, costs={"sft": core_hours(0.5), "grpo": core_hours(3.0)})
+    unrecorded = experiment("unrecorded", {}, {})  # made before cost.json existed: left out, not drawn at 0
+    panels = {panel.title: panel for panel in cost_panels([reference, better, unrecorded])}
+    assert panels["GRPO"].curves == {"reference": [(2.0, 0.2)], "better": [(3.0, 0.6)]}
+    assert panels["SFT"].curves == {"reference": [(0.5, 0.2)], "better": [(0.5, 0.2)]}
+    assert panels["EI"].curves == {}
+    assert panels["GRPO"].xlabel == "device-hours (core-h)" and not panels["GRPO"].integer_x
+
+    drawn, png = [], figures.png
+    monkeypatch.setattr(figures, "png", lambda figure: drawn.append(figure) or png(figure))
+    report = build_comparison([reference, better, unrecorded])
+    assert report.figures["accuracy_vs_cost.png"].startswith(PNG_MAGIC)
+    grpo_axes = drawn[-1].axes[2]
+    points = [tuple(line.get_xydata()[0]) for line in grpo_axes.get_lines()]
+    assert points == [(2.0, 0.2), (3.0, 0.6)]
 
 
 def test_a_page_needs_a_baseline_and_an_experiment_and_every_route():
@@ -213,6 +244,8 @@ def write_run(root: Path, loss_type: str, grpo_right: list[int]) -> None:
         summaries[route] = summarize(records)
         (final / "generations" / f"{route}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (final / "metrics.json").write_text(json.dumps(summaries))
+    (root / "reports" / "grpo").mkdir(parents=True, exist_ok=True)
+    (root / "reports" / "grpo" / "cost.json").write_text(json.dumps(core_hours(0.5 if loss_type == "grpo_clip" else 1)))
     curves = root / "reports" / "grpo" / "live" / "plots" / "metrics"
     for name, rows in {
         "eval/accuracy": [(0, 0.1), (4, 0.5)],  # DVCLive steps: optimizer steps, two per GRPO step
@@ -247,6 +280,7 @@ def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
     assert committed.final["grpo"]["accuracy"] == 0.2
     assert committed.curves["grpo"] == [(0, 0.1), (2, 0.5)]  # by GRPO step, joined as the report joins them
     assert committed.curves["sft"] is None and committed.generations[UNNAMED_TEST]["grpo"] == graded(REFERENCE)
+    assert committed.costs == {"grpo": core_hours(0.5)}  # SFT and EI wrote none
 
     main(["workspace", "--against", "main", "--out", "compare.md", "--html", "compare.html"])
     markdown = (dvc_repo / "compare.md").read_text(encoding="utf-8")
@@ -255,6 +289,7 @@ def test_a_commit_and_the_workspace_compared_through_dvc(dvc_repo, capsys):
     assert "| grpo | `workspace` | `main` | 5 / 1 | 5 / 1 | McNemar exact | 0.219 |" in markdown
     assert "](compare_figures/validation_curves.png)" in markdown
     assert (dvc_repo / "compare_figures" / "validation_curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert (dvc_repo / "compare_figures" / "accuracy_vs_cost.png").read_bytes().startswith(PNG_MAGIC)
     assert "data:image/png;base64," in (dvc_repo / "compare.html").read_text(encoding="utf-8")
     assert capsys.readouterr().out == "compare: compare.md, compare.html\n"
 

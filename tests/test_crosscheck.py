@@ -5,6 +5,7 @@ import pytest
 
 from reasonrl import symbolic
 from reasonrl.config import EvalConfig
+from reasonrl.cost import Tokens
 from reasonrl.crosscheck import add_grader_crosschecks, crosscheck_grades
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import EvalResult, evaluate
@@ -73,8 +74,8 @@ def test_question_only_answers_are_the_boxed_text():
 def test_results_get_agreement_and_count_in_their_metrics():
     records = r1_zero_records(R1_ZERO_CASES)
     results = {
-        "sft": EvalResult({"prompt": "r1_zero"}, records),
-        "grpo": EvalResult({"prompt": "r1_zero"}, records[:4]),
+        "sft": EvalResult({"prompt": "r1_zero"}, records, Tokens()),
+        "grpo": EvalResult({"prompt": "r1_zero"}, records[:4], Tokens()),
     }
     disagreements = add_grader_crosschecks(results)
     assert results["sft"].metrics == {"prompt": "r1_zero", "grader_agreement": 4 / 6, "grader_disagreements": 2}

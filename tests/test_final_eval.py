@@ -13,6 +13,7 @@ sys.path.insert(0, str(REPO / "stages"))
 from final_eval import parse_models, training_prompts  # noqa: E402
 
 from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig  # noqa: E402
+from reasonrl.cost import Tokens  # noqa: E402
 from reasonrl.evaluation import (  # noqa: E402
     EvalResult,
     add_paired_comparisons,
@@ -70,8 +71,8 @@ def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     result = subprocess.run(
         [sys.executable, str(REPO / "stages/final_eval.py"), "--params", str(params_file),
          "--data", str(tmp_path), "--test-sets", str(tmp_path), "--model", f"base={tmp_path / 'missing'}",
-         "--metrics", str(tmp_path / "m.json"), "--generations", str(tmp_path / "g"),
-         "--crosscheck", str(tmp_path / "c.json")],
+         "--metrics", str(tmp_path / "m.json"), "--cost", str(tmp_path / "cost.json"),
+         "--generations", str(tmp_path / "g"), "--crosscheck", str(tmp_path / "c.json")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2
@@ -124,7 +125,7 @@ def test_mcnemar_exact_p_value_by_hand():
 def test_routes_are_paired_with_the_model_they_started_from():
     def result(rewards: list[float]) -> EvalResult:
         records = [{"question_index": i, "reward": r} for i, r in enumerate(rewards)]
-        return EvalResult({"accuracy": sum(rewards) / len(rewards)}, records)
+        return EvalResult({"accuracy": sum(rewards) / len(rewards)}, records, Tokens())
 
     results = {"base": result([0, 0, 0, 0, 1]), "sft": result([1, 1, 1, 0, 0]), "grpo": result([1, 1, 1, 1, 0])}
     add_paired_comparisons(results, {"sft": "base", "ei": "sft", "grpo": "sft"})

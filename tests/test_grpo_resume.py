@@ -86,7 +86,7 @@ def stage_command(params: Path, data: Path, models: Path, out: Path) -> list[str
         sys.executable, str(REPO / "stages/grpo.py"), "--params", str(params),
         "--models", str(models), "--data", str(data),
         "--out", str(out / "grpo"), "--checkpoints", str(out / "checkpoints"), "--kept", str(out / "kept"),
-        "--metrics", str(out / "metrics.json"), "--live", str(out / "live"),
+        "--metrics", str(out / "metrics.json"), "--cost", str(out / "cost.json"), "--live", str(out / "live"),
     ]  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import stat
 import subprocess
 
 import pytest
-from pipeline_repo import make_pipeline_repo, run
+from pipeline_repo import check_cost, make_pipeline_repo, run
 
 # The CPU preset on GSM8K (the preset's own data is synthetic), smaller still: this checks the plumbing.
 TEST_OVERRIDES = {
@@ -64,6 +64,8 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
         assert len(records) == 12
         assert {"question", "prompt", "response", "ground_truth", "reward", "length"} <= set(records[0])
         assert all(record["length"] <= 24 for record in records)
+    cost = check_cost(clone / "reports", "baseline")
+    assert cost["phases"]["evaluation"]["response_tokens"] >= sum(r["length"] for r in records)  # + final EOS
     splits = {name: len((clone / f"data/gsm8k/{name}.jsonl").read_text().splitlines()) for name in ("train", "val")}
     assert splits == {"train": 7473 - 50, "val": 50}
 
@@ -71,6 +73,8 @@ def test_dvc_repro_baseline_on_cpu_preset(pipeline_repo):
     # a stage's metrics file is a plain output, which DVC shows on request (the headline is the declared metric)
     shown = json.loads(run(["dvc", "metrics", "show", "reports/baseline/metrics.json", "--json"], clone, env))
     assert shown[""]["data"]["reports/baseline/metrics.json"]["data"] == without_nulls(metrics)  # DVC drops nulls
+    shown = json.loads(run(["dvc", "metrics", "show", "reports/baseline/cost.json", "--json"], clone, env))
+    assert shown[""]["data"]["reports/baseline/cost.json"]["data"]["device_hours"] == cost["device_hours"]
     # git sees only DVC's bookkeeping; the data, model and reports themselves are git-ignored DVC outputs
     status = run(["git", "status", "--porcelain", "--untracked-files=all"], clone, env).splitlines()
     assert sorted(line[3:] for line in status) == [
@@ -102,6 +106,8 @@ def test_dvc_repro_expert_iteration_then_sft_size_experiment(pipeline_repo):
     loss = (clone / "reports/sft/live/plots/metrics/train/loss.tsv").read_text().splitlines()
     accuracy = (clone / "reports/sft/live/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
     assert len(loss) == 1 + 4 and len(accuracy) == 1 + 2
+    check_cost(clone / "reports", "sft")
+    check_cost(clone / "reports", "ei")
     rounds = (clone / "reports/ei/live/plots/metrics/eval/accuracy.tsv").read_text().splitlines()
     assert len(rounds) == 1 + 2
     assert "Data and pipelines are up to date" in run(["dvc", "status", "expert_iteration"], clone, env)
@@ -137,6 +143,9 @@ def test_dvc_repro_grpo(pipeline_repo):
     assert "grpo_checkpoints.lock" not in run(["git", "status", "--porcelain", "--untracked-files=all"], clone, env)
     grpo = json.loads((clone / "reports/grpo/metrics.json").read_text())
     assert grpo["best_step"] in (0, 2, 3)
+    cost = check_cost(clone / "reports", "grpo")
+    # 3 steps of 16 rollouts, each trained on once, of at most 24 generated tokens: what it trained it drew
+    assert cost["tokens_trained"]["response"] <= cost["phases"]["rollout"]["response_tokens"] <= 3 * 16 * 24
     for kind in ("best", "final"):
         assert (clone / "models/grpo" / kind / "model.safetensors").is_file()
     reward = (clone / "reports/grpo/live/plots/metrics/rollout/reward.tsv").read_text().splitlines()

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from reasonrl.config import ConfigError, load_params
+from reasonrl.cost import Tokens
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import EvalResult, evaluate_checkpoints
 from reasonrl.prompts import BOXED, answer_text_fn, vote_answer_fn
@@ -119,7 +120,7 @@ def test_each_model_is_loaded_once_and_each_protocol_samples_as_it_says(tmp_path
 
 def summary(rewards: list[float], samples: int = 1) -> EvalResult:
     records = [{"question_index": i // samples, "reward": r} for i, r in enumerate(rewards)]
-    return EvalResult({"accuracy": sum(rewards) / len(rewards)}, records)
+    return EvalResult({"accuracy": sum(rewards) / len(rewards)}, records, Tokens())
 
 
 def test_results_are_filed_by_protocol_and_paired_in_each(tmp_path, full_scale_params):

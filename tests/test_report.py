@@ -17,6 +17,7 @@ import pytest
 import reasonrl.report.environment
 import reasonrl.report.sections
 from reasonrl.cli import open_live
+from reasonrl.cost import CostLedger, Device, Tokens, cost_report
 from reasonrl.evaluation import paired_comparison, summarize
 from reasonrl.report.document import Figure, png_size, render_html, render_markdown
 from reasonrl.report.environment import RunEnvironment, cpu_name
@@ -45,6 +46,7 @@ LENGTHS = {"correct": 40, "format_only": 60, "neither": 100}
 # GRPO as run_grpo logs it: 2 optimizer steps per GRPO step, evaluation every 2 GRPO steps and at the end.
 GRPO_STEPS, OPTIMIZER_STEPS_PER_STEP, GRPO_EVAL_EVERY, SECONDS_PER_STEP = 6, 2, 2, 1.5
 WALL_CLOCK_SECONDS = {"sft": 61.5, "ei": 40.25, "grpo": 95.0}  # each stage's metrics.json
+CORE_HOURS = {"sft": 0.5, "ei": 0.25, "grpo": 1.5}  # each stage's cost.json: 4 cores, priced at 2 per core-hour
 GRPO_ACCURACY = {0: 0.1, 2: 0.2, 4: 0.25, 6: 0.4}
 
 
@@ -191,7 +193,18 @@ def reports_dir(tmp_path_factory) -> Path:
         metrics = {"best_val_accuracy": 0.4, "best_step": 6} if stage == "grpo" else {"best_val_accuracy": 0.3}
         metrics["trainable_parameters"] = 590_080
         (reports / stage / "metrics.json").write_text(json.dumps(metrics | {"wall_clock_seconds": seconds}))
+        (reports / stage / "cost.json").write_text(json.dumps(stage_cost(CORE_HOURS[stage])))
     return reports
+
+
+def stage_cost(core_hours: float) -> dict:
+    """A CPU stage's cost.json: 100 + 200 tokens generated in 10 s, 50 + 150 trained in 20 s, on 4 cores."""
+    ledger = CostLedger()
+    ledger.add_seconds("rollout", 10.0)
+    ledger.add_tokens("rollout", "generated", Tokens(100, 200))
+    ledger.add_seconds("train", 20.0)
+    ledger.add_tokens("train", "trained", Tokens(50, 150))
+    return cost_report(ledger, core_hours * 3600 / 4, Device("cpu", 4, "by hand"), price=2.0)
 
 
 @pytest.fixture(scope="module")
@@ -786,13 +799,25 @@ def test_several_samples_per_question_are_reported_clustered_by_question(
 # ---------------------------------------------------------------------------------------- headline metrics
 def test_headline_is_read_from_the_route_metrics(reports_dir, tmp_path):
     headline = headline_metrics(reports_dir)
+    cost = headline.pop("cost")
     assert headline == {
         "test_accuracy": {route: counts[0] / sum(counts) for route, counts in COUNTS.items()},
         "grpo_best_val_accuracy": 0.4,
         "wall_clock_seconds": WALL_CLOCK_SECONDS,
     }
+    assert cost["device_hours"] == pytest.approx(CORE_HOURS)
+    assert cost["tokens"] == {"sft": 500, "ei": 500, "grpo": 500}
+    assert cost["price"] == pytest.approx({"sft": 1.0, "ei": 0.5, "grpo": 3.0})
+    # Over the model each started from: SFT 0.3 over base's 0.0 in half an hour, EI 0.1 over SFT's in a quarter,
+    # GRPO 0.3 over SFT's in an hour and a half.
+    assert cost["accuracy_gain_per_device_hour"] == pytest.approx({"sft": 0.6, "ei": 0.4, "grpo": 0.2})
     # In reading order, which is the order `dvc exp show` gives the columns: routes as final_eval runs them.
-    assert list(headline) == ["test_accuracy", "grpo_best_val_accuracy", "wall_clock_seconds"]
+    assert list(headline_metrics(reports_dir)) == [
+        "test_accuracy",
+        "grpo_best_val_accuracy",
+        "wall_clock_seconds",
+        "cost",
+    ]
     assert list(headline["wall_clock_seconds"]) == ["sft", "ei", "grpo"]
     assert list(headline["test_accuracy"]) == list(ROUTES)
 
@@ -806,6 +831,7 @@ def test_headline_is_read_from_the_route_metrics(reports_dir, tmp_path):
     assert headline["test_accuracy"]["grpo"] == 0.77
     assert headline["grpo_best_val_accuracy"] is None
     assert headline["wall_clock_seconds"] == {"sft": None, "ei": None, "grpo": None}
+    assert all(value is None for by_route in headline["cost"].values() for value in by_route.values())
 
 
 # Issue 23: extra held-out sets (eval.test_sets), (correct, format_only, neither) per route on each.
@@ -832,7 +858,13 @@ def test_extra_test_sets_get_a_table_each_in_the_report_and_their_accuracy_in_th
     assert "Change in `shifted` accuracy: SFT vs BASE +10.0 points; EI vs SFT +10.0 points" in section
 
     headline = headline_metrics(reports)
-    assert list(headline) == ["test_accuracy", "test_set_accuracy", "grpo_best_val_accuracy", "wall_clock_seconds"]
+    assert list(headline) == [
+        "test_accuracy",
+        "test_set_accuracy",
+        "grpo_best_val_accuracy",
+        "wall_clock_seconds",
+        "cost",
+    ]
     assert headline["test_set_accuracy"] == {"shifted": {"base": 0.0, "sft": 0.1, "ei": 0.2, "grpo": 0.3}}
 
     del final["ei"]["test_sets"]  # a route without a set the others have: the file is not what final_eval writes
@@ -901,7 +933,7 @@ def test_benchmarks_and_protocols_get_a_table_per_protocol_and_their_accuracy_in
 
     headline = headline_metrics(reports)
     assert list(headline) == ["test_accuracy", "benchmark_accuracy", "protocols", "grpo_best_val_accuracy",
-                              "wall_clock_seconds"]  # fmt: skip
+                              "wall_clock_seconds", "cost"]  # fmt: skip
     assert headline["benchmark_accuracy"] == {"svamp": {"base": 0.0, "sft": 0.4, "ei": 0.5, "grpo": 0.9}}
     assert headline["protocols"]["avg4"]["benchmark_accuracy"]["svamp"]["grpo"] == avg4["grpo"]["accuracy"]
     assert headline["protocols"]["greedy"]["test_accuracy"] == headline["test_accuracy"]
@@ -986,3 +1018,17 @@ def test_markdown_shows_every_text_as_the_html_does(payload):
     assert displayed(shown) == displayed(body)
     assert "<script" not in body and "<img" not in body and "<a " not in body
     assert f"<code>{html.escape(payload.replace(chr(10), ' '))}</code>" in body  # code() holds it whole
+
+
+def test_the_cost_table_shows_each_stages_cost_json(toy_report):
+    _, markdown, _ = toy_report
+    section = markdown[markdown.index("## What each stage cost") : markdown.index("## Entropy and response length")]
+    # SFT: half a core-hour on 4 cores; 100 + 200 tokens generated in 10 s (20 response tokens/s), 50 + 150 trained
+    # in 20 s (7.5/s, shown as 8); price 2 per core-hour; no plan on the CPU.
+    sft = next(line for line in section.splitlines() if line.startswith("| sft |"))
+    cells = [cell.strip() for cell in sft.strip("|").split("|")]
+    assert cells[:6] == ["sft", "0.5 core-h (4 cores)", "100 + 200", "20", "50 + 150", "8"]
+    assert cells[6].endswith("RSS") or "RSS, child" in cells[6]
+    assert cells[7:] == ["—", "1"]
+    # the fixture's run has no baseline or final_eval cost.json: said, not zero
+    assert "| baseline | not recorded |" in section and "| final_eval | not recorded |" in section

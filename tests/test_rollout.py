@@ -441,7 +441,8 @@ def test_the_evaluation_stages_stop_split_on_one_gpu_with_one_line(
     data = tmp_path / "data"
     data.mkdir()
     (data / "test.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
-    outputs = ["--metrics", str(tmp_path / "metrics.json"), "--generations", str(tmp_path / "generations")]
+    outputs = ["--metrics", str(tmp_path / "metrics.json"), "--cost", str(tmp_path / "cost.json")]
+    outputs += ["--generations", str(tmp_path / "generations")]
     models = {
         "baseline": ["--model", str(tiny_model_dir)],
         "final_eval": [

@@ -106,6 +106,7 @@ def test_a_second_grpo_run_stops_naming_the_pid_of_the_first(tmp_path, params_fi
             [sys.executable, str(REPO / "stages/grpo.py"), "--params", str(params_file), "--models",
              str(tmp_path / "models"), "--data", str(data), "--out", str(tmp_path / "models/grpo"),
              "--checkpoints", str(checkpoints), "--metrics", str(tmp_path / "metrics.json"),
+             "--cost", str(tmp_path / "cost.json"),
              "--live", str(tmp_path / "live"), "--kept", str(tmp_path / "models/kept/grpo")],
             capture_output=True, text=True,
         )  # fmt: skip

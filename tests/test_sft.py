@@ -6,6 +6,7 @@ import torch
 from reasonrl import get_response_log_probs, tokenize_prompt_and_output
 from reasonrl.batching import sequence_lengths, split_microbatches
 from reasonrl.config import EIConfig, SFTConfig
+from reasonrl.cost import CostLedger, Tokens
 from reasonrl.data import GSM8KExample
 from reasonrl.expert_iteration import correct_pairs
 from reasonrl.grading import r1_zero_reward_fn
@@ -38,8 +39,17 @@ def test_sft_lowers_loss_and_raises_target_log_prob(tiny_model_dir):
     config = SFTConfig(learning_rate=3e-3, warmup_ratio=0.0, batch_size=4, microbatch_size=2, epochs=30)
     before = target_log_prob(policy, tokenizer)
     optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, total_steps=30)
-    metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=30))
+    ledger = CostLedger()
+    metrics = list(sft_steps(policy, tokenizer, optimizer, schedule, PAIRS, config, epochs=30, ledger=ledger))
     after = target_log_prob(policy, tokenizer)
+
+    # What the ledger counts, by hand: each pair's forward runs over its prompt and response but the last token,
+    # predicting the response's; 30 epochs of it.
+    ids = [tokenizer([p.prompt, p.response], add_special_tokens=False)["input_ids"] for p in PAIRS]
+    lengths = [(len(prompt), len(response)) for prompt, response in ids]
+    response = sum(r for _, r in lengths)
+    assert ledger.phases["train"].tokens == Tokens(30 * (sum(p + r - 1 for p, r in lengths) - response), 30 * response)
+    assert ledger.phases["train"].seconds > 0 and ledger.phases["train"].kind == "trained"
 
     assert len(metrics) == 30  # one optimizer step per epoch of 4 pairs
     assert metrics[-1]["train/loss"] < 0.5 * metrics[0]["train/loss"]

@@ -64,7 +64,7 @@ def sft_command(inputs, model: Path, out: Path) -> list[str]:
         sys.executable, str(REPO / "stages/sft.py"), "--params", str(params), "--model", str(model),
         "--pairs", str(pairs), "--data", str(data), "--out", str(out / "model"),
         "--checkpoints", str(out / "checkpoints"), "--kept", str(out / "kept"),
-        "--metrics", str(out / "metrics.json"), "--live", str(out / "live"),
+        "--metrics", str(out / "metrics.json"), "--cost", str(out / "cost.json"), "--live", str(out / "live"),
     ]  # fmt: skip
 
 

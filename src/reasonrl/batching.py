@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from reasonrl.cost import Tokens
+
 
 def split_microbatches(
     rows: Sequence[int], lengths: Sequence[int], microbatch_size: int, microbatch_tokens: int | None
@@ -47,6 +49,15 @@ def sequence_lengths(response_mask: torch.Tensor) -> list[int]:
     width a microbatch holding the row is trimmed to)."""
     last = response_mask.shape[1] - response_mask.flip(1).int().argmax(dim=1)  # [B]
     return torch.where(response_mask.any(dim=1), last, 0).tolist()  # a row without response tokens: 0
+
+
+def trained_tokens(response_mask: torch.Tensor, rows: Sequence[int] | None = None) -> Tokens:
+    """The positions a training forward runs over in ``rows`` (None: all) of a right-padded ``[B, T]`` batch,
+    padding excluded: each row's response labels, and the prompt positions before them
+    (:class:`reasonrl.cost.Tokens`)."""
+    mask = response_mask if rows is None else response_mask[list(rows)]
+    response = int(mask.sum())
+    return Tokens(sum(sequence_lengths(mask)) - response, response)
 
 
 def trim_to_rows(tensors: dict[str, torch.Tensor], rows: Sequence[int]) -> dict[str, torch.Tensor]:

@@ -24,9 +24,11 @@ def run_stage(main: Callable[[], None]) -> None:
         sys.exit(2)
 
 
-def open_live(directory: str, resume: bool = False):
+def open_live(directory: str, resume: bool = False, monitor_system: bool = False):
     """DVCLive for a stage that DVC or Snakemake runs: the pipeline file declares its outputs, so DVCLive neither
-    writes a dvc.yaml nor saves an experiment of its own."""
+    writes a dvc.yaml nor saves an experiment of its own. ``monitor_system``: DVCLive samples the GPUs' memory and
+    utilisation (and the CPU, RAM and disk) as it runs, into ``system/*`` curves; the training stages ask for it on a
+    GPU layout only (on the CPU its sampling thread would compete with the run for the cores)."""
     from dvclive import Live
 
-    return Live(directory, resume=resume, save_dvc_exp=False, dvcyaml=False)
+    return Live(directory, resume=resume, save_dvc_exp=False, dvcyaml=False, monitor_system=monitor_system)

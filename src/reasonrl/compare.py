@@ -28,7 +28,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from statistics import stdev
@@ -41,6 +41,7 @@ from reasonrl.errors import UserError
 from reasonrl.evaluation import paired_comparison, question_accuracies
 from reasonrl.markdown import code
 from reasonrl.protocols import TEST, UNNAMED_TEST, Slot, protocol_title, slot_summaries
+from reasonrl.report.costs import HOURS_UNITS
 from reasonrl.report.document import Figure, Heading, Paragraph, Report, Table, render_markdown, write_report
 from reasonrl.report.figures import Panel, SeedSpread, plot_panels, seeds_figure
 from reasonrl.report.inputs import (
@@ -95,6 +96,8 @@ class Experiment:
     split, test sets and benchmarks under each protocol); None where the file is absent."""
     curves: dict[str, list[tuple[int, float]] | None]
     """Each training route's validation accuracy by its own x (:data:`CURVES`); None where not logged."""
+    costs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each trained route's training stage's ``cost.json`` (:mod:`reasonrl.cost`); absent where not written."""
 
 
 # The x axis of each trained route's validation curve (see read_curve).
@@ -218,7 +221,20 @@ def load_experiment(name: str, repo: str | None = None) -> Experiment:
         for slot in final_slots(final, f"{name}: {FINAL_METRICS}")
     }
     curves = {route: read_curve(fs, route, name) for route in TRAINED_ROUTES}
-    return Experiment(name, params, final, generations, curves)
+    return Experiment(name, params, final, generations, curves, read_costs(fs, name))
+
+
+def read_costs(fs: Any, source: str) -> dict[str, dict[str, Any]]:
+    """Each trained route's ``cost.json`` that the experiment holds."""
+    costs = {}
+    for route in TRAINED_ROUTES:
+        path = (REPORTS / ROUTE[route].reports_dir / "cost.json").as_posix()
+        if (text := _read_text(fs, path)) is not None:
+            try:
+                costs[route] = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise CompareError(f"{source}: {path}: not JSON ({error})") from None
+    return costs
 
 
 _UNSET = object()
@@ -375,9 +391,46 @@ def curves_panels(experiments: Sequence[Experiment]) -> list[Panel]:
     ]
 
 
+def cost_panels(experiments: Sequence[Experiment]) -> list[Panel]:
+    """One panel per training route: each experiment's test accuracy against its training stage's device-hours."""
+    units = sorted({cost["device_hours_unit"] for e in experiments for cost in e.costs.values()})
+    xlabel = f"device-hours ({', '.join(HOURS_UNITS[unit] for unit in units) or 'none recorded'})"
+    return [
+        Panel(
+            route.upper(),
+            xlabel,
+            "test accuracy",
+            {
+                e.name: [(e.costs[route]["device_hours"], e.final[route]["accuracy"])]
+                for e in experiments
+                if route in e.costs
+            },
+            integer_x=False,
+        )
+        for route in TRAINED_ROUTES
+    ]
+
+
+def cost_figure(report: Report, experiments: Sequence[Experiment]) -> None:
+    """Accuracy against cost, as a figure of :func:`cost_panels`, or a line saying why there is none."""
+    report.blocks.append(Heading(2, "Test accuracy against training cost"))
+    if not any(e.costs for e in experiments):
+        report.blocks.append(Paragraph("Not available: no experiment holds a training stage's `cost.json`."))
+        return
+    report.figures["accuracy_vs_cost.png"] = plot_panels(cost_panels(experiments), "Test accuracy against cost")
+    report.blocks.append(
+        Figure(
+            "accuracy_vs_cost.png",
+            "Each experiment's test accuracy per training route against the device-hours its training stage took "
+            "(`reports/<stage>/cost.json`: GPUs × hours on CUDA, CPU cores × hours on the CPU); an experiment "
+            "without the file is left out.",
+        )
+    )
+
+
 def build_comparison(experiments: Sequence[Experiment], figures: bool = True) -> Report:
     """The page of the baseline (the first experiment) and the others: changed params, test accuracy, paired tests,
-    and (``figures``) the validation curves."""
+    and (``figures``) the validation curves and the test accuracy against training cost."""
     if len(experiments) < 2:
         raise CompareError("compare needs a baseline and at least one experiment")
     report = Report()
@@ -419,6 +472,7 @@ def build_comparison(experiments: Sequence[Experiment], figures: bool = True) ->
                 "round, GRPO by GRPO step.",
             )
         )
+        cost_figure(report, experiments)
     return report
 
 

@@ -279,6 +279,11 @@ class EngineConfig:
     (docs/reproducibility.md)."""
 
     @property
+    def on_gpu(self) -> bool:
+        """The layout puts the policy and the engine on GPUs."""
+        return LAYOUT_GPUS[self.layout] > 0
+
+    @property
     def engine_memory_fraction(self) -> float:
         """The engine's share of its GPU: ``gpu_memory_utilization``, or the layout's default."""
         if self.gpu_memory_utilization is not None:
@@ -1235,6 +1240,23 @@ class DistributedConfig:
         )
 
 
+@dataclass(frozen=True)
+class CostConfig:
+    """``cost``: what a device-hour costs, for the price in each stage's ``cost.json`` (:mod:`reasonrl.cost`)."""
+
+    device_hour_price: float | None = None
+    """Price of one device-hour (a GPU-hour on CUDA, a CPU core-hour on the CPU), in the currency the reader
+    assumes; null: ``cost.json`` gives no price."""
+
+    def __post_init__(self) -> None:
+        price = self.device_hour_price
+        _require(
+            price is None or (math.isfinite(price) and price > 0),
+            "cost.device_hour_price",
+            f"must be a positive number or null, got {price!r}",
+        )
+
+
 def _check_distributed(params: Params) -> None:
     """What a GRPO run over ``distributed.world_size`` ranks needs: whole groups and equal rows on every rank."""
     world, grpo = params.distributed.world_size, params.grpo
@@ -1339,6 +1361,7 @@ class Params:
     ei: EIConfig = field(default_factory=EIConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
         _check_distributed(self)

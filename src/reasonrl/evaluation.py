@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from reasonrl.cost import Tokens
 from reasonrl.data import GSM8KExample
 from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
 from reasonrl.rewards import MATH_VERIFY, prompt_reward
+from reasonrl.rollouts.types import samples_tokens
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -35,6 +37,8 @@ class EvalResult:
     records: list[dict[str, Any]]
     """One per sample: question (and its index), prompt, response, ground_truth, the three rewards, the answer as
     a canonical number (or null), length (tokens)."""
+    tokens: Tokens
+    """What the engine processed for the answers (:class:`reasonrl.cost.Tokens`), for the stage's cost."""
 
 
 def _mean(values: list[float]) -> float | None:
@@ -183,7 +187,8 @@ def evaluate(
     metrics = summarize(records)
     if (rewards or {}).get(prompt_name) == MATH_VERIFY:
         metrics["grading_timeouts"] = timeouts() - timeouts_before
-    return EvalResult(metrics=metrics, records=records)
+    tokens = samples_tokens(sample for samples in outputs for sample in samples)
+    return EvalResult(metrics=metrics, records=records, tokens=tokens)
 
 
 Key = TypeVar("Key", bound=Hashable)
@@ -232,7 +237,7 @@ def evaluate_checkpoints(
             result = evaluate(
                 engine, task.examples, prompt, full, seed, label, rewards=task.rewards, extraction=task.extraction
             )
-            results[task_name][name] = EvalResult({**result.metrics, "prompt": prompt}, result.records)
+            results[task_name][name] = EvalResult({**result.metrics, "prompt": prompt}, result.records, result.tokens)
     return results
 
 

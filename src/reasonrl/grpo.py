@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from tqdm import tqdm
 
-from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trained_tokens, trim_to_rows
 from reasonrl.code_deps import STAGES
+from reasonrl.cost import CostLedger, Tokens, summed_over_ranks
 from reasonrl.data import examples_digest
 from reasonrl.distributed import (
     SINGLE,
@@ -57,7 +58,7 @@ from reasonrl.losses import (
 from reasonrl.models import compute_precision
 from reasonrl.rollouts.drawing import draw_rollouts, step_seed
 from reasonrl.rollouts.sources import in_flight_versions, open_rollouts
-from reasonrl.rollouts.types import StepRollouts
+from reasonrl.rollouts.types import StepRollouts, samples_tokens
 from reasonrl.tokenization import batch_from_token_ids
 from reasonrl.training.best import BestCheckpoint
 from reasonrl.training.cadence import is_checkpoint_step, is_eval_step, is_keep_step
@@ -709,11 +710,13 @@ def update_steps(
     fixed: FixedLogProbs,
     step: int,
     config: GRPOConfig,
+    ledger: CostLedger,
     ranks: Ranks = SINGLE,
 ) -> Iterator[dict[str, float]]:
     """GRPO step ``step``'s update: ``epochs_per_rollout_batch`` passes over its rollout batch, each in an order
     shuffled by the step's seed, one optimizer step per ``train_batch_size`` rows. Yields each optimizer step's
-    metrics once it is taken; ``{}`` for one skipped without learning signal (:func:`has_learning_signal`)."""
+    metrics once it is taken; ``{}`` for one skipped without learning signal (:func:`has_learning_signal`). The rows
+    trained, over every rank, count in ``ledger``'s ``train`` tokens."""
     train_rows = config.batching.train_batch_size // ranks.world_size
     forwards, max_tokens = Forwards.training(config), config.sampling.max_tokens
     order_rng = random.Random(step_seed(config.seed, step))
@@ -725,6 +728,7 @@ def update_steps(
                 yield {}
                 continue
             metrics = accumulate_gradients(trainer, batch, rows, fixed, config.loss, forwards, max_tokens, ranks)
+            ledger.add_tokens("train", "trained", summed_over_ranks(trained_tokens(batch.response_mask, rows), ranks))
             checks = {"advantages": batch.advantages[rows], "loss": metrics["train/loss"]}
             set_learning_rate(optimizer, scheduled_learning_rate(config, step, epoch, train_batch))
             share = len(rows) / train_rows
@@ -867,11 +871,15 @@ def evaluate_and_log(
     live: Live | NullLive,
     state: TrainingState,
     live_dir: Path,
+    ledger: CostLedger,
     ranks: Ranks = SINGLE,
 ) -> None:
-    """Validate the policy after ``step`` GRPO steps (``source.validate``), log it at the run's optimizer step,
-    offer it as the best, and (rank 0) keep its first examples in ``live_dir/examples``."""
-    result = source.validate(step)
+    """Validate the policy after ``step`` GRPO steps (``source.validate``, in ``ledger``'s ``validation`` phase), log
+    it at the run's optimizer step, offer it as the best, and (rank 0) keep its first examples in
+    ``live_dir/examples``."""
+    with ledger.timed("validation"):
+        result = source.validate(step)
+    ledger.add_tokens("validation", "generated", result.tokens)
     metrics = result.metrics
     live.step = state.optimizer_steps
     log_validation(live, metrics)
@@ -909,6 +917,18 @@ def log_step(
     live.sync()
 
 
+def account_step(ledger: CostLedger, timer: PhaseTimer, step_rollouts: StepRollouts, ranks: Ranks = SINGLE) -> None:
+    """A step's timed phases (its whole, ``step``, is the run's wall clock) and the tokens its rollouts drew, over
+    every rank: in the ``engine`` phase where the engine drew them beside the trainer, else in ``rollout``."""
+    for phase, seconds in timer.seconds.items():
+        if phase != "step" and seconds is not None:
+            ledger.add_seconds(phase, seconds)
+    # The ranks that share an engine draw the same samples: its first rank counts them.
+    drawn = samples_tokens(step_rollouts.drawn.sampled_samples) if ranks.tensor_parallel_rank == 0 else Tokens()
+    phase = "rollout" if step_rollouts.engine_seconds is None else "engine"
+    ledger.add_tokens(phase, "generated", summed_over_ranks(drawn, ranks))
+
+
 def run_grpo(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -925,6 +945,7 @@ def run_grpo(
     ranks: Ranks = SINGLE,
     rewards: Mapping[str, str] | None = None,
     keep: Callable[[int, BestCheckpoint], None] | None = None,
+    ledger: CostLedger | None = None,
 ) -> BestCheckpoint:
     """The GRPO loop, graded by ``rewards[config.prompt]`` (None: the prompt's built-in); resumes from the newest
     checkpoint in ``checkpoint_dir`` made from the same inputs (:func:`reasonrl.training.checkpoints.fingerprint`),
@@ -932,7 +953,9 @@ def run_grpo(
     ``engine``: :func:`reasonrl.rollouts.process.start_engine`'s, this process's (lag 0) or its own process's, which
     the loop's source stops when the loop ends. Over several ``ranks`` (launched with ``distributed``) each rank trains
     on its share of each step's questions under ``distributed.strategy``; rank 0 logs, checkpoints and keeps the best.
-    ``keep(step, best)``: called on every rank every ``grpo.keep_every`` steps, to save the policy."""
+    ``keep(step, best)``: called on every rank every ``grpo.keep_every`` steps, to save the policy. ``ledger``: what
+    the run cost (:func:`account_step`, and the ``validation`` phase; :mod:`reasonrl.cost`)."""
+    ledger = CostLedger() if ledger is None else ledger  # a caller that keeps no account of the cost
     reference = KLReference.of(policy, config.loss, config.lora.lora_rank)  # the init model, as loaded
     trainer = wrap_for_training(policy, "ddp" if distributed is None else distributed.strategy, ranks)
     optimizer = make_optimizer(policy, config.optimizer)  # after wrapping: FSDP2 shards the parameters
@@ -955,7 +978,7 @@ def run_grpo(
         progress = step_progress(state.step, config.n_grpo_steps, enabled=ranks.is_main)
         for step in progress:
             if is_eval_step(step, config.cadence.eval_every, config.n_grpo_steps):
-                evaluate_and_log(source, step, policy, best, live, state, live_dir, ranks)
+                evaluate_and_log(source, step, policy, best, live, state, live_dir, ledger, ranks)
             timer = PhaseTimer(STEP_PHASES)
             # 1. Rollouts: groups of samples, graded, drawn by the engine loaded with the policy of step - lag.
             step_rollouts = source.batch(step)
@@ -971,7 +994,7 @@ def run_grpo(
             if runs_fixed_pass(config):  # else nothing ran: no time is logged for it (see STEP_PHASES)
                 timer.lap("old_log_prob")
             # 4. Update: epochs × train batches, one optimizer step each, logged as it is taken.
-            for metrics in update_steps(trainer, optimizer, guard, batch, fixed, step, config, ranks):
+            for metrics in update_steps(trainer, optimizer, guard, batch, fixed, step, config, ledger, ranks):
                 state.zero_signal_steps += not metrics  # {}: skipped, without learning signal
                 state.optimizer_steps += 1
                 live.step = state.optimizer_steps
@@ -986,6 +1009,7 @@ def run_grpo(
             source.advance(state.step)
             state.elapsed_seconds += timer.total("step")
             log_step(live, timer, source.sync_seconds, step_rollouts.engine_seconds, state.step)
+            account_step(ledger, timer, step_rollouts, ranks)
             progress.set_postfix(reward=f"{rollout_summary['rollout/reward']:.3f}")
             # 6. Keep the policy, checkpoint the run.
             if keep is not None and is_keep_step(state.step, config.cadence.keep_every):
@@ -993,5 +1017,5 @@ def run_grpo(
             if is_checkpoint_step(state.step, config.cadence.checkpoint_every, config.n_grpo_steps):
                 state.in_flight, state.to_request = source.in_flight(state.step)
                 checkpoints.save(state)
-        evaluate_and_log(source, state.step, policy, best, live, state, live_dir, ranks)
+        evaluate_and_log(source, state.step, policy, best, live, state, live_dir, ledger, ranks)
     return best

@@ -344,9 +344,9 @@ def check_gpus(engine: EngineConfig, device_count: int) -> None:
 
 def check_gpu_memory(
     model_dir: str | Path, settings: SFTOptimization | GRPOConfig, section: str, engine: EngineConfig, shards: int = 1
-) -> str | None:
+) -> MemoryPlan | None:
     """Check the plan on this machine's GPUs before any model loads (``cpu`` layout: nothing to check, ``None``);
-    returns the plan's one-line summary. ``shards``: the ranks FSDP2 splits the policy over."""
+    returns the plan. ``shards``: the ranks FSDP2 splits the policy over."""
     if engine.layout == "cpu":
         return None
     import torch  # GPU-only from here on
@@ -358,4 +358,4 @@ def check_gpu_memory(
     ddp = shards == 1 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
     plan = plan_memory(ModelShape.from_dir(model_dir), settings, engine, device_bytes, shards, ddp)
     check_memory_plan(plan, section, engine)
-    return plan.summary()
+    return plan

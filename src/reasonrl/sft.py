@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trim_to_rows
+from reasonrl.batching import chunks, sequence_lengths, split_microbatches, trained_tokens, trim_to_rows
 from reasonrl.code_deps import STAGES
+from reasonrl.cost import CostLedger
 from reasonrl.data import examples_digest
 from reasonrl.logprobs import get_response_log_probs
 from reasonrl.losses import sft_microbatch_train_step
@@ -34,7 +35,7 @@ from reasonrl.training.best import BestCheckpoint
 from reasonrl.training.cadence import is_checkpoint_step, is_eval_step, is_keep_step
 from reasonrl.training.checkpoints import RunCheckpoints, fingerprint
 from reasonrl.training.optimizer import LearningRateSchedule, make_optimizer, set_learning_rate
-from reasonrl.training.validation import log_validation, validate
+from reasonrl.training.validation import log_validation, timed_validation
 
 if TYPE_CHECKING:
     from dvclive import Live
@@ -75,10 +76,12 @@ def sft_steps(
     epochs: int,
     max_steps: int | None = None,
     start: int = 0,
+    ledger: CostLedger | None = None,
 ) -> Iterator[dict[str, float]]:
     """Train on ``pairs`` (shuffled each epoch with ``config.seed``), each optimizer step at the rate ``schedule``
     gives it; yield metrics after every optimizer step. A resumed run passes the ``start`` steps it has taken: their
-    batches are drawn (the order is a function of the seed alone) but not trained on again."""
+    batches are drawn (the order is a function of the seed alone) but not trained on again. Each step's seconds and
+    trained tokens go to ``ledger``'s ``train`` phase."""
     if not pairs:
         raise ValueError("no training pairs: an SFT run needs at least one")
     order_rng = random.Random(config.seed)
@@ -105,6 +108,9 @@ def sft_steps(
             optimizer.zero_grad(set_to_none=True)
             step += 1
             seconds = time.perf_counter() - started
+            if ledger is not None:
+                ledger.add_seconds("train", seconds)
+                ledger.add_tokens("train", "trained", trained_tokens(tensors["response_mask"]))
             yield metrics | {
                 "train/grad_norm": grad_norm,
                 "train/learning_rate": learning_rate,
@@ -173,6 +179,7 @@ def run_sft(
     init_model_dir: str | Path,
     keep: Callable[[int, BestCheckpoint], None] | None = None,
     rewards: Mapping[str, str] | None = None,
+    ledger: CostLedger | None = None,
 ) -> BestCheckpoint:
     """The ``sft`` stage's loop: train, validate every ``eval_every`` steps and at the end (graded by ``rewards``'
     r1_zero entry; None: the built-in), keep the best.
@@ -181,9 +188,11 @@ def run_sft(
     newest one made from the same inputs (:func:`reasonrl.training.checkpoints.fingerprint`), and ends as an
     uninterrupted run would. The checkpoints stay after a completed run: call
     :func:`reasonrl.training.checkpoints.remove_checkpoints` once the outputs are saved. ``keep(step, best)``: called
-    every ``keep_every`` steps (``sft.keep_every``), to save the policy."""
+    every ``keep_every`` steps (``sft.keep_every``), to save the policy. ``ledger``: what the run cost (its ``train``
+    and ``validation`` phases, :mod:`reasonrl.cost`)."""
     from tqdm import tqdm
 
+    ledger = CostLedger() if ledger is None else ledger  # a caller that keeps no account of the cost
     total = count_steps(len(pairs), config.batching.batch_size, config.epochs, config.max_steps)
     optimizer, schedule = make_optimizer(policy, config.optimizer), sft_schedule(config, total)
     best = BestCheckpoint()
@@ -194,7 +203,7 @@ def run_sft(
     state = checkpoints.resume()
     engine.sleep()  # training comes first; validate() wakes the engine for each evaluation
     steps = sft_steps(
-        policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps, start=state.step
+        policy, tokenizer, optimizer, schedule, pairs, config, config.epochs, config.max_steps, state.step, ledger
     )
     progress = tqdm(steps, total=total, initial=state.step, desc="sft", unit="step")
     with open_live(state.step > 0) as live:
@@ -204,7 +213,8 @@ def run_sft(
                 live.log_metric(name, value)
             if is_eval_step(step, config.cadence.eval_every, total):
                 # One seed for every evaluation: a resumed run's draws are the uninterrupted run's.
-                val_metrics = validate(
+                val_metrics = timed_validation(
+                    ledger,
                     engine,
                     policy,
                     val,

@@ -201,6 +201,8 @@ class Panel:
     xlabel: str
     ylabel: str
     curves: dict[str, list[tuple[float, float]]]
+    integer_x: bool = True
+    """x counts steps or rounds (ticks at whole numbers); False for a measure such as device-hours."""
 
 
 def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
@@ -213,7 +215,7 @@ def plot_panels(panels: list[Panel], suptitle: str) -> bytes:
             line.set_label(_literal(label))
             lines.append(line)
         xs = {x for points in panel.curves.values() for x, _ in points}
-        _label_axes(axes, panel.title, panel.xlabel, panel.ylabel, xs, integer_x=True)
+        _label_axes(axes, panel.title, panel.xlabel, panel.ylabel, xs, integer_x=panel.integer_x)
         if lines:
             # Lines and labels given, not collected: collecting leaves out each label that starts with "_".
             axes.legend(lines, [line.get_label() for line in lines], fontsize="small")

@@ -7,12 +7,13 @@ of ``eval.protocols`` the same under ``protocols``), ``download/benchmarks.json`
 contamination), ``final/generations/<route>.jsonl`` (the graded test
 answers: the paired test of the two best routes and the example answers), ``final/grader_crosscheck.json`` (the
 answers math-verify grades differently from our grader), ``baseline/metrics.json`` (zero-shot, one summary per
-prompt), each training stage's ``metrics.json`` (its wall clock) and DVCLive directory ``{sft,ei,grpo}/live``, and
-GRPO's example rollouts ``grpo/live/examples/step_*.json``. Only the run's own files, each a dependency of the stage,
-and the environment the stage ran in (:mod:`reasonrl.report.environment`: date, commit, machine). (Comparing
-experiments is ``reasonrl.compare``'s, outside the pipeline: which experiments exist changes with no dependency
-changing.) A missing optional input turns its figure or section into a line saying what is missing; a missing
-required one raises :class:`~reasonrl.report.inputs.ReportInputError` naming the file.
+prompt), each training stage's ``metrics.json`` (its wall clock) and DVCLive directory ``{sft,ei,grpo}/live``, each
+stage's ``cost.json`` (:mod:`reasonrl.cost`), and GRPO's example rollouts ``grpo/live/examples/step_*.json``. Only
+the run's own files, each a dependency of the stage, and the environment the stage ran in
+(:mod:`reasonrl.report.environment`: date, commit, machine). (Comparing experiments is ``reasonrl.compare``'s,
+outside the pipeline: which experiments exist changes with no dependency changing.) A missing optional input turns
+its figure or section into a line saying what is missing; a missing required one raises
+:class:`~reasonrl.report.inputs.ReportInputError` naming the file.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from reasonrl.evaluation import paired_comparison
 from reasonrl.protocols import slot_summaries
 from reasonrl.report.benchmarks import benchmarks_section
+from reasonrl.report.costs import cost_section
 from reasonrl.report.curves import dynamics_section, grpo_rollouts_section, validation_section, wallclock_section
 from reasonrl.report.document import Heading, Link, Note, Paragraph, Report, Table
 from reasonrl.report.environment import RunEnvironment
@@ -234,6 +236,7 @@ def build_report(inputs: ReportInputs) -> Report:
     validation_section(report, live, mark)
     grpo_rollouts_section(report, live, mark)
     wallclock_section(report, live, mark)
+    cost_section(report, reports)
     dynamics_section(report, live, mark)
     categories_section(report, final, mark)
     grader_section(report, final, reports / "final" / "grader_crosscheck.json")

@@ -4,8 +4,11 @@ flight parse without them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+
+from reasonrl.cost import Tokens
 
 if TYPE_CHECKING:
     from reasonrl.data import GSM8KExample
@@ -34,6 +37,15 @@ class Sample:
     def length(self) -> int:
         """Generated tokens, not counting a final EOS token (which is no text)."""
         return len(self.token_ids) - (self.finish == "eos")
+
+
+def samples_tokens(samples: Iterable[Sample]) -> Tokens:
+    """What the engine processed for ``samples``: each one's prompt and generated tokens."""
+    prompt = response = 0
+    for sample in samples:
+        prompt += len(sample.prompt_token_ids)
+        response += len(sample.token_ids)
+    return Tokens(prompt, response)
 
 
 Scores = dict[str, float]

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from reasonrl.atomic import atomic_directory, atomic_write_text
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count
-from reasonrl.memory import check_gpu_memory
+from reasonrl.memory import MemoryPlan, check_gpu_memory
 from reasonrl.models import MODEL_CARD, policy_dtype
 from reasonrl.prompts import check_prompt
 
@@ -62,26 +62,27 @@ def start_training(
     ranks: Ranks = SINGLE,
     policy_shards: int = 1,
     max_staleness: int = 0,
-) -> tuple[RolloutEngine | RolloutProcess, PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[RolloutEngine | RolloutProcess, PreTrainedModel, PreTrainedTokenizerBase, MemoryPlan | None]:
     """What a training stage (``section``: sft, ei or grpo) starts with: its params checked against the model in
     ``model_dir`` before any model loads (its prompt against the tokenizer, LoRA's target modules, the GPU memory
     plan of one of ``policy_shards`` FSDP2 shards, printed), then the rollout engine (this rank's, under torchrun;
     with ``max_staleness`` ≥ 1, asynchronous GRPO's, in a process of its own: see
-    :func:`reasonrl.rollouts.process.start_engine`) and the policy on the device the layout gives it."""
+    :func:`reasonrl.rollouts.process.start_engine`) and the policy on the device the layout gives it; and the memory
+    plan (None on the CPU)."""
     from reasonrl.rollouts.process import start_engine  # not at the top: training alone (the GPU bench) needs no vLLM
 
     check_prompt(config.prompt, f"{section}.prompt", AutoTokenizer.from_pretrained(model_dir), model_dir)
     check_lora_targets(model_dir, config.lora, section)
     plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
-        print(f"{section}: {plan}")
+        print(f"{section}: {plan.summary()}")
     engine = start_engine(model_dir, rollout, ranks.tensor_parallel_size, max_staleness)
     policy, tokenizer = load_policy(
         model_dir, engine.policy_device(), config.precision, config.gradient_checkpointing, lora=config.lora
     )
     trained, total = trainable_parameter_count(policy), sum(p.numel() for p in policy.parameters())
     print(f"{section}: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
-    return engine, policy, tokenizer
+    return engine, policy, tokenizer, plan
 
 
 def save_policy(

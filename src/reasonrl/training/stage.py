@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reasonrl.atomic import atomic_write_json
+from reasonrl.cost import CostLedger, write_cost
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.lora import merged_weights, trainable_parameter_count
 from reasonrl.model_card import DataFile, gather_provenance, render_card
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
 
     Keep = Callable[[int, BestCheckpoint], None]
     """``keep(step, best)``: save the policy after ``step`` steps, on every rank."""
-    Run = Callable[[Any, PreTrainedModel, PreTrainedTokenizerBase, Keep | None], BestCheckpoint]
-    """``run(engine, policy, tokenizer, keep)``: the route's loop; returns its best checkpoint."""
+    Run = Callable[[Any, PreTrainedModel, PreTrainedTokenizerBase, Keep | None, CostLedger], BestCheckpoint]
+    """``run(engine, policy, tokenizer, keep, ledger)``: the route's loop, adding its phases to ``ledger``; returns
+    its best checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ def run_training_stage(
     params_file: str | Path,
     checkpoints: str | Path,
     metrics: str | Path,
+    cost: str | Path,
     started: float,
     unit: str = "step",
     kept: Path | None = None,
@@ -69,13 +72,16 @@ def run_training_stage(
     second run stops before it reads or deletes anything.
 
     ``metrics``: the best validation accuracy and its ``best_<unit>``, ``summary``, the trainable parameters and the
-    wall clock since ``started``. ``ranks``, ``policy_shards``, ``max_staleness``: see
+    wall clock since ``started``. ``cost``: what the run cost (:mod:`reasonrl.cost`): the start (the engine and the
+    policy), the loop's phases, the saving of the outputs. ``ranks``, ``policy_shards``, ``max_staleness``: see
     :func:`reasonrl.training.policy.start_training`. Returns the best checkpoint (rank 0; None on the others)."""
     config, provenance = getattr(params, section), gather_provenance(params_file, model_dir, data_files)
+    ledger = CostLedger()
     with checkpoint_lock(checkpoints, kept) if ranks.is_main else contextlib.nullcontext():
-        engine, policy, tokenizer = start_training(
-            model_dir, config, section, params.rollout, ranks, policy_shards, max_staleness
-        )
+        with ledger.timed("start"):
+            engine, policy, tokenizer, plan = start_training(
+                model_dir, config, section, params.rollout, ranks, policy_shards, max_staleness
+            )
 
         def keep(step: int, best: BestCheckpoint) -> None:
             weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
@@ -84,13 +90,14 @@ def run_training_stage(
                 card = render_card(params, section, checkpoint, best, unit, provenance)
                 save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
 
-        best = run(engine, policy, tokenizer, None if kept is None else keep)
+        best = run(engine, policy, tokenizer, None if kept is None else keep, ledger)
         final = dict(merged_weights(policy)) if any(out.final for out in outputs) else None  # every rank, as keep's
         if not ranks.is_main:
             return None
-        for output in outputs:
-            card = render_card(params, section, output.checkpoint, best, unit, provenance)
-            save_policy(policy, tokenizer, output.directory, final if output.final else best.state_dict, card)
+        with ledger.timed("save"):
+            for output in outputs:
+                card = render_card(params, section, output.checkpoint, best, unit, provenance)
+                save_policy(policy, tokenizer, output.directory, final if output.final else best.state_dict, card)
         atomic_write_json(
             metrics,
             {
@@ -101,5 +108,6 @@ def run_training_stage(
                 "wall_clock_seconds": round(time.perf_counter() - started, 1),
             },
         )
+        write_cost(cost, ledger, started, params, ranks.world_size, plan)
         remove_checkpoints(Path(checkpoints))
     return best

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from reasonrl.cost import CostLedger, Tokens, summed_over_ranks
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.evaluation import EvalResult, evaluate, summarize
 
@@ -46,8 +47,19 @@ def validate(
     if not ranks.distributed:
         return result
     mine = [r | {"question_index": r["question_index"] + share.start} for r in result.records]
-    records = ranks.gather(mine if ranks.tensor_parallel_rank == 0 else [])  # one copy per engine
-    return EvalResult(summarize(records), records)
+    first_of_engine = ranks.tensor_parallel_rank == 0
+    records = ranks.gather(mine if first_of_engine else [])  # one copy per engine
+    tokens = summed_over_ranks(result.tokens if first_of_engine else Tokens(), ranks)
+    return EvalResult(summarize(records), records, tokens)
+
+
+def timed_validation(ledger: CostLedger, *args: Any, **kwargs: Any) -> EvalResult:
+    """:func:`validate` with ``args`` and ``kwargs``, its seconds and generated tokens added to ``ledger``'s
+    ``validation`` phase."""
+    with ledger.timed("validation"):
+        result = validate(*args, **kwargs)
+    ledger.add_tokens("validation", "generated", result.tokens)
+    return result
 
 
 def log_validation(live: Live, metrics: dict[str, Any]) -> None:
