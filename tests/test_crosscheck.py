@@ -108,7 +108,7 @@ def test_answers_math_verify_graded_are_not_graded_again(monkeypatch):
     config, question = EvalConfig(samples_per_question=3), GSM8KExample("q", "", "3")
     result = evaluate(Engine(), [question], "r1_zero", config, rewards=rewards)
     assert symbolic.timeouts() == before + 1 and [record["answer_reward"] for record in result.records] == [1, 0, 0]
-    results = {"grpo": EvalResult({"prompt": "r1_zero"}, result.records)}
+    results = {"grpo": EvalResult({"prompt": "r1_zero"}, result.records, result.tokens)}
     assert add_grader_crosschecks(results, rewards) == {"grpo": []}
     assert symbolic.timeouts() == before + 1  # not graded again
     assert results["grpo"].metrics == {"prompt": "r1_zero", "grader_agreement": 1.0, "grader_disagreements": 0}
