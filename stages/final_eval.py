@@ -16,7 +16,7 @@ from reasonrl.config import ConfigError, Params, load_params
 from reasonrl.cost import CostLedger, write_cost
 from reasonrl.crosscheck import add_grader_crosschecks
 from reasonrl.data import DataFormatError, GSM8KExample, load_gsm8k
-from reasonrl.evaluation import EvalResult, evaluate_checkpoints
+from reasonrl.evaluation import EvalResult, check_room, evaluate_checkpoints
 from reasonrl.models import validate_model_dir
 from reasonrl.prompts import check_prompt
 from reasonrl.protocols import UNNAMED_TEST, add_all_paired_comparisons, final_tasks, route_summaries
@@ -103,6 +103,7 @@ def main() -> None:
     test_sets = load_test_sets(Path(args.test_sets), [s.name for s in params.eval.test_sets], "eval.test_sets")
     benchmarks = load_test_sets(Path(args.test_sets), params.eval.benchmarks, "eval.benchmarks")
     tasks = final_tasks(params, test, test_sets, benchmarks)
+    check_room(tasks, prompts, tokenizer, params.rollout.max_model_len)
 
     # One engine for all models: each is loaded into it in place, and every evaluation is seeded alike.
     ledger = CostLedger()

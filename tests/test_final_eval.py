@@ -12,16 +12,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "stages"))
 from final_eval import parse_models, training_prompts  # noqa: E402
 
-from reasonrl.config import ConfigError, GRPOConfig, Params, SFTConfig  # noqa: E402
+from reasonrl.config import ConfigError, EvalConfig, GRPOConfig, Params, SFTConfig  # noqa: E402
 from reasonrl.cost import Tokens  # noqa: E402
+from reasonrl.data import GSM8KExample  # noqa: E402
 from reasonrl.evaluation import (  # noqa: E402
     EvalResult,
+    EvalTask,
     add_paired_comparisons,
+    check_room,
     paired_comparison,
     pass_at_k,
     summarize,
 )
 from reasonrl.models import ModelSourceError  # noqa: E402
+from reasonrl.prompts import load_prompt  # noqa: E402
+from reasonrl.protocols import BENCHMARK_SETS, TEST, Slot  # noqa: E402
 from reasonrl.routes import ROUTES  # noqa: E402
 from reasonrl.statistics import sign_flip_p_value  # noqa: E402
 
@@ -78,6 +83,27 @@ def test_stage_reports_bad_model_before_loading_anything(tmp_path, params_file):
     assert result.returncode == 2
     assert f"error: {tmp_path / 'missing'}: not a Hugging Face model directory" in result.stderr
     assert not any((tmp_path / name).exists() for name in ("m.json", "g", "c.json"))
+
+
+def test_a_question_too_long_for_max_model_len_is_refused_before_any_model_loads(tiny_tokenizer):
+    """An OlympiadBench question can outgrow ``rollout.max_model_len``: final_eval checks every set's questions in
+    every route's prompt before the engine starts, naming the set, the question and the length it needs."""
+    short, long = GSM8KExample("What is 2 + 3?", "", "5"), GSM8KExample("What is 2 + 3? " * 60, "", "5")
+    config, routes = EvalConfig(max_tokens=128), {"sft": "r1_zero", "grpo": "question_only"}
+    tasks = {Slot(None, TEST): EvalTask([short], config),
+             Slot(None, BENCHMARK_SETS, "olympiadbench"): EvalTask([short, long], config)}  # fmt: skip
+    needed = {name: len(tiny_tokenizer.encode(load_prompt(name).render(long.question, tiny_tokenizer))) + 128
+              for name in routes.values()}  # fmt: skip
+    check_room(tasks, routes, tiny_tokenizer, max(needed.values()))
+    too_short = needed["question_only"] - 1  # too short for both prompts: the first in order is named
+    with pytest.raises(ConfigError) as refused:
+        check_room(tasks, routes, tiny_tokenizer, too_short)
+    assert str(refused.value) == (
+        f"rollout.max_model_len: ({too_short}) is too short for question 2 of olympiadbench (benchmark) "
+        f"({needed['question_only'] - 128} tokens in prompt question_only) and an answer of up to 128 tokens "
+        f"(eval.max_tokens); raise rollout.max_model_len to at least {needed['question_only']}, lower "
+        "eval.max_tokens or leave the set out"
+    )
 
 
 def test_pass_at_k_is_the_unbiased_estimator_by_hand():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonrl.cost import Tokens
 from reasonrl.data import GSM8KExample
+from reasonrl.errors import ConfigError
 from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
 from reasonrl.rewards import MATH_VERIFY, prompt_reward
 from reasonrl.rollouts.types import samples_tokens
@@ -26,6 +27,8 @@ from reasonrl.statistics import (
 from reasonrl.symbolic import timeouts
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from reasonrl.config import EvalConfig
     from reasonrl.rollouts.engine import RolloutEngine
 
@@ -206,6 +209,33 @@ class EvalTask:
     """Each prompt's reward spec (params' ``rewards``); None: the built-ins."""
     extraction: str = ANSWER
     """Where math-verify reads each answer (:func:`evaluate`): the set's benchmark declares it."""
+
+
+def check_room(
+    tasks: Mapping[Hashable, EvalTask],
+    prompt_names: Mapping[str, str],
+    tokenizer: PreTrainedTokenizerBase,
+    max_model_len: int,
+) -> None:
+    """Every question of every task, in every route's prompt, leaves room for its longest answer within
+    ``max_model_len`` (``rollout.max_model_len``). The engine checks each batch as it generates; checked here for all
+    of them before a model loads, a benchmark's long question stops final_eval at once rather than after the sets
+    before it were evaluated. Counted as the engine counts a text prompt (special tokens included)."""
+    lengths: dict[tuple[int, str], list[int]] = {}  # the protocols of one set share its questions
+    for key, task in tasks.items():
+        for prompt_name in sorted(set(prompt_names.values())):
+            cached = lengths.setdefault((id(task.examples), prompt_name), [])
+            if not cached:
+                prompt = load_prompt(prompt_name)
+                cached += [len(tokenizer.encode(prompt.render(e.question, tokenizer))) for e in task.examples]
+            for number, tokens in enumerate(cached, start=1):
+                if tokens + task.config.max_tokens > max_model_len:
+                    raise ConfigError(
+                        f"rollout.max_model_len: ({max_model_len}) is too short for question {number} of {key} "
+                        f"({tokens} tokens in prompt {prompt_name}) and an answer of up to {task.config.max_tokens} "
+                        f"tokens (eval.max_tokens); raise rollout.max_model_len to at least "
+                        f"{tokens + task.config.max_tokens}, lower eval.max_tokens or leave the set out"
+                    )
 
 
 def evaluate_checkpoints(
