@@ -114,9 +114,11 @@ def test_grpo_trains_while_the_engine_sleeps(engine, tiny_model_dir, problems, t
     recorder = PhaseRecorder(engine, policy, monkeypatch)
     config = GRPOConfig(
         n_grpo_steps=2, rollout_batch_size=8, group_size=4, train_batch_size=8, gradient_accumulation_steps=2,
-        loss_type="grpo_clip", max_tokens=8, eval_every=2, eval_examples=2, checkpoint_every=100,
-        prompt="r1_zero_chat",
+        epochs_per_rollout_batch=2, loss_type="grpo_clip", max_tokens=8, eval_every=2, eval_examples=2,
+        checkpoint_every=100, prompt="r1_zero_chat",
     )  # fmt: skip
+    # Two epochs: π_old's separate pass runs (at one, π_old comes from the update's own forward, and a tiny model's
+    # steps, all without learning signal, would run the policy not at all)
     run_grpo(
         policy, tokenizer, engine, problems, problems[:2], config, EVAL,
         open_live=lambda resume: open_live(str(tmp_path / "live"), resume=resume), live_dir=tmp_path / "live",
