@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from reasonrl.cost import Tokens
 from reasonrl.data import GSM8KExample
-from reasonrl.errors import ConfigError
 from reasonrl.prompts import ANSWER, load_prompt, vote_answer_fn
 from reasonrl.rewards import MATH_VERIFY, prompt_reward
-from reasonrl.rollouts.types import samples_tokens
+from reasonrl.rollouts.types import require_room, samples_tokens
 from reasonrl.statistics import (
     INTERVAL_CLUSTERED,
     INTERVAL_WILSON,
@@ -229,13 +228,14 @@ def check_room(
                 prompt = load_prompt(prompt_name)
                 cached += [len(tokenizer.encode(prompt.render(e.question, tokenizer))) for e in task.examples]
             for number, tokens in enumerate(cached, start=1):
-                if tokens + task.config.max_tokens > max_model_len:
-                    raise ConfigError(
-                        f"rollout.max_model_len: ({max_model_len}) is too short for question {number} of {key} "
-                        f"({tokens} tokens in prompt {prompt_name}) and an answer of up to {task.config.max_tokens} "
-                        f"tokens (eval.max_tokens); raise rollout.max_model_len to at least "
-                        f"{tokens + task.config.max_tokens}, lower eval.max_tokens or leave the set out"
-                    )
+                require_room(
+                    tokens,
+                    task.config.max_tokens,
+                    max_model_len,
+                    prompt=f"question {number} of {key} ({tokens} tokens in prompt {prompt_name})",
+                    answer_param="eval.max_tokens",
+                    other_fixes=", lower eval.max_tokens or leave the set out",
+                )
 
 
 def evaluate_checkpoints(

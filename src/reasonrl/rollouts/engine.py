@@ -72,7 +72,7 @@ from tqdm import tqdm
 from reasonrl.config import ConfigError, EngineConfig, is_int
 from reasonrl.lora import merged_weights
 from reasonrl.memory import check_gpus
-from reasonrl.rollouts.types import Sample
+from reasonrl.rollouts.types import Sample, require_room
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -361,18 +361,18 @@ class RolloutEngine:
     # -- generation -----------------------------------------------------------------------------------------------
 
     def _check_room(self, prompts: list[str], max_tokens: list[int]) -> None:
-        """Every prompt and its longest answer must fit ``max_model_len``: vLLM refuses a prompt that fills it and
-        silently cuts an answer that reaches it, which would quietly shorten what ``max_tokens`` promised."""
+        """Each prompt of a batch, with its answer's ``max_tokens``, fits ``max_model_len`` (:func:`require_room`)."""
         tokenizer = self.tokenizer()
         for index, (prompt, answer_tokens) in enumerate(zip(prompts, max_tokens, strict=True)):
             prompt_tokens = len(tokenizer.encode(prompt))  # as vLLM tokenizes a text prompt, special tokens included
-            if prompt_tokens + answer_tokens > self.config.max_model_len:
-                raise ConfigError(
-                    f"rollout.max_model_len: ({self.config.max_model_len}) is too short for prompt {index} "
-                    f"({prompt_tokens} tokens) and an answer of up to {answer_tokens} tokens (the section's "
-                    f"max_tokens); raise rollout.max_model_len to at least {prompt_tokens + answer_tokens} or lower "
-                    f"max_tokens"
-                )
+            require_room(
+                prompt_tokens,
+                answer_tokens,
+                self.config.max_model_len,
+                prompt=f"prompt {index} ({prompt_tokens} tokens)",
+                answer_param="the section's max_tokens",
+                other_fixes=" or lower max_tokens",
+            )
 
     def generate(
         self,

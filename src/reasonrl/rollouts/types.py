@@ -1,6 +1,6 @@
 """What a draw of rollouts returns: a sample, a step's questions with their groups of samples and the samples'
-grades, and the rollouts a GRPO step trains on. Plain data, with no torch and no vLLM: a checkpoint's rollouts in
-flight parse without them."""
+grades, and the rollouts a GRPO step trains on; the room a prompt and its answer need. Plain data, with no torch and
+no vLLM: a checkpoint's rollouts in flight parse without them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from reasonrl.cost import Tokens
+from reasonrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from reasonrl.data import GSM8KExample
@@ -46,6 +47,21 @@ def samples_tokens(samples: Iterable[Sample]) -> Tokens:
         prompt += len(sample.prompt_token_ids)
         response += len(sample.token_ids)
     return Tokens(prompt, response)
+
+
+def require_room(
+    prompt_tokens: int, answer_tokens: int, max_model_len: int, *, prompt: str, answer_param: str, other_fixes: str
+) -> None:
+    """A prompt of ``prompt_tokens`` and its longest answer must fit ``rollout.max_model_len``: vLLM refuses a prompt
+    that fills it and silently cuts an answer that reaches it, which would quietly shorten what ``max_tokens``
+    promised. The error names the prompt (``prompt``), the param that set the answer's length and the other ways out
+    (``other_fixes``, after the length to raise it to)."""
+    needed = prompt_tokens + answer_tokens
+    if needed > max_model_len:
+        raise ConfigError(
+            f"rollout.max_model_len: ({max_model_len}) is too short for {prompt} and an answer of up to "
+            f"{answer_tokens} tokens ({answer_param}); raise rollout.max_model_len to at least {needed}{other_fixes}"
+        )
 
 
 Scores = dict[str, float]
