@@ -111,6 +111,23 @@ def test_pass_at_k_is_the_unbiased_estimator_by_hand():
     assert pass_at_k(samples=4, correct=1, k=1) == pytest.approx(0.25)
     assert pass_at_k(samples=4, correct=1, k=2) == pytest.approx(1 - 3 / 6)  # C(3,2)/C(4,2) pairs miss it
     assert pass_at_k(samples=4, correct=3, k=2) == 1.0  # any two hold a right one
+    assert pass_at_k(samples=4, correct=4, k=4) == 1.0 and pass_at_k(samples=1, correct=0, k=1) == 0.0  # the bounds
+
+
+@pytest.mark.parametrize(
+    ("samples", "correct", "k", "named"),
+    [
+        (2, 0, 4, r"k must lie in 1\.\.samples \(1\.\.2\), got 4"),  # more draws than answers
+        (4, 0, 0, r"k must lie in 1\.\.samples \(1\.\.4\), got 0"),
+        (4, 5, 1, r"correct must lie in 0\.\.samples \(0\.\.4\), got 5"),  # more right answers than answers
+        (4, -1, 2, r"correct must lie in 0\.\.samples \(0\.\.4\), got -1"),
+        (0, 0, 1, r"samples must be 1 or more, got 0"),
+    ],
+    ids=["k above samples", "k zero", "correct above samples", "correct negative", "no samples"],
+)
+def test_pass_at_k_refuses_impossible_counts(samples, correct, k, named):
+    with pytest.raises(ValueError, match=rf"^pass_at_k: {named}$"):
+        pass_at_k(samples, correct, k)
 
 
 def test_several_samples_per_question_give_pass_at_k_and_majority_vote():

@@ -49,7 +49,18 @@ def _mean(values: list[float]) -> float | None:
 
 def pass_at_k(samples: int, correct: int, k: int) -> float:
     """The unbiased pass@k of one question with ``correct`` of ``samples`` answers right: the chance that ``k``
-    answers drawn without replacement hold at least one right one (Chen et al. 2021, arXiv:2107.03374)."""
+    answers drawn without replacement hold at least one right one (Chen et al. 2021, arXiv:2107.03374). Counts no
+    question can have (``k`` or ``correct`` outside ``1..samples`` and ``0..samples``) raise ValueError naming them.
+
+    >>> pass_at_k(samples=4, correct=1, k=2)  # 3 of the 6 pairs miss the right answer
+    0.5
+    """
+    if samples < 1:
+        raise ValueError(f"pass_at_k: samples must be 1 or more, got {samples}")
+    if not 0 <= correct <= samples:
+        raise ValueError(f"pass_at_k: correct must lie in 0..samples (0..{samples}), got {correct}")
+    if not 1 <= k <= samples:
+        raise ValueError(f"pass_at_k: k must lie in 1..samples (1..{samples}), got {k}")
     if samples - correct < k:
         return 1.0
     return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
