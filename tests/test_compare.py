@@ -29,7 +29,7 @@ from reasonrl.protocols import BENCHMARK_SETS, TEST, UNNAMED_TEST, Slot
 from reasonrl.report.document import render_html, render_markdown
 from reasonrl.report.tables import format_accuracy
 from reasonrl.routes import ROUTES
-from reasonrl.statistics import minimum_detectable_difference, seed_variance_components
+from reasonrl.statistics import minimum_detectable_difference, seed_variance_components, seeds_and_questions_interval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -386,8 +386,11 @@ def test_settings_are_summarised_over_their_seeds_by_hand():
     assert (ref.mean, clip.mean, lr.mean) == pytest.approx((0.3, 0.6, 0.4))
     assert (ref.sd, clip.sd, lr.sd) == pytest.approx((0.1, 0.1, 0.1))  # √(((−0.1)² + 0 + 0.1²) / 2)
     assert clip.per_question[2] == [0.0] + [1.0] * 7 + [0.0] * 2
+    # The interval over seeds and questions (its coverage is tests/test_statistics.py's): 3 seeds of 10 questions,
+    # wide; at least the t-interval on the seed means, 0.6 ± t₀.₉₇₅(2) · 0.1 / √3.
+    assert clip.interval == seeds_and_questions_interval(clip.per_question)
     low, high = clip.interval
-    assert 0.2 <= low < 0.6 < high <= 1.0  # 10 questions: wide; its coverage is tests/test_statistics.py's
+    assert low <= 0.6 - 4.302653 * 0.1 / math.sqrt(3) and high >= 0.6 + 4.302653 * 0.1 / math.sqrt(3)
 
     rows = {row["setting"]: row for row in comparison_rows({"grpo": routes["grpo"]})}
     # Equal variances, 3 seeds each: t = difference / √(0.01/3 + 0.01/3) with 4 degrees of freedom.
@@ -417,6 +420,9 @@ def test_the_settings_page_shows_mean_sd_interval_and_corrected_p():
     p_clip = two_sided_t4(0.3 / math.sqrt(0.02 / 3))
     assert f"| grpo | `clip` | `ref` | +30.0 pts | 3.67 (4.0) | {p_clip:.3g} | {2 * p_clip:.3g} |" in markdown
     assert "| base | `clip` | `ref` | +0.0 pts | no seed-to-seed spread | — | — | — |" in markdown
+    # The page says how its interval and its detectable difference are obtained.
+    assert "the seeds' part with the t quantile of seeds − 1 degrees of freedom" in markdown
+    assert "Detectable: the smallest true difference Welch's test at level 0.05 detects 80% of the time" in markdown
     assert report.figures["seeds.png"].startswith(PNG_MAGIC)
     # Two settings: one comparison per route, nothing to correct, no Holm column.
     two = render_markdown(build_settings_comparison({s: seeded(s) for s in ("ref", "clip")}, figures=False).blocks)

@@ -15,9 +15,11 @@ from reasonrl.statistics import (
     holm_adjusted,
     minimum_detectable_difference,
     seed_variance_components,
+    seeds_and_questions_interval,
     sign_flip_p_value,
     t_quantile,
-    two_level_bootstrap_interval,
+    t_two_sided_p_value,
+    welch_power,
     welch_test,
     wilson_interval,
 )
@@ -160,50 +162,75 @@ def test_several_samples_per_question_widen_the_interval_by_their_agreement():
     assert (summary["n"], summary["questions"]) == (12, 3)
 
 
-def seeds_interval_coverage(seed: int, seed_spread: float, seeds: int = 3, questions: int = 100) -> tuple[float, float]:
-    """How often the two-level bootstrap interval of the mean over ``seeds`` seeds, and the Wilson interval over all
-    their answers as if one run, cover the population accuracy. Seeds and questions crossed, as in the pipeline:
-    every seed answers the same questions (logit difficulty N(0, 1.5²), drawn afresh each repetition), and a seed
-    shifts every question's logit by N(0, seed_spread²)."""
+# Seeds and questions crossed, as in the pipeline: every seed answers the same questions, whose logit difficulty is
+# N(0, 1.5²) around 50% accuracy (drawn afresh each repetition), and a seed shifts every question's logit by
+# N(0, seed_logit_sd²). A logit sd of 0.3 makes seeds' accuracies 5.3 points apart (their sd), 1.0 16 points.
+SEEDS_DOMINATE = {"seed_logit_sd": 0.3, "samples": 1}
+"""5.3 points between seeds against 500 questions' sampling error of about 1.2 points."""
+QUESTIONS_DOMINATE = {"seed_logit_sd": 0.0, "samples": 1}
+"""Seeds alike: the seed means differ by their answers' noise only, and which questions were drawn is what varies."""
+
+
+def seed_accuracy_sd(seed_logit_sd: float) -> float:
+    """The sd over seeds of a seed's accuracy on all questions, in the model above: its accuracy is the mean of
+    sigmoid(difficulty + shift) over the difficulty, and the sd is over the shift; both means by Gauss–Hermite."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)  # a standard normal's: Σ weights f(nodes) = √(2π) E f
+    weights = weights / weights.sum()
+    accuracy = (weights[None, :] / (1 + np.exp(-(1.5 * nodes[None, :] + seed_logit_sd * nodes[:, None])))).sum(axis=1)
+    mean = weights @ accuracy
+    return float(np.sqrt(weights @ (accuracy - mean) ** 2))
+
+
+def seeds_interval_coverage(interval, seed_logit_sd: float, samples: int, seeds: int = 3, questions: int = 500,
+                            repetitions: int = 2000, seed: int = SEED) -> float:  # fmt: skip
+    """How often ``interval`` (a seeds × questions table of accuracies → (low, high)) covers the accuracy of the
+    setting over all seeds and questions, 0.5 by symmetry in the model above, with ``samples`` answers per seed and
+    question."""
     rng = np.random.default_rng(seed)
-    logits = rng.normal(0, 1.5, 1_000_000) + rng.normal(0, seed_spread, 1_000_000)
-    truth = float(np.mean(1 / (1 + np.exp(-logits))))
-    bootstrap = pooled = 0
-    repetitions = 400
-    for repetition in range(repetitions):
-        logit = rng.normal(0, 1.5, questions)[None, :] + rng.normal(0, seed_spread, seeds)[:, None]
-        right = (rng.random((seeds, questions)) < 1 / (1 + np.exp(-logit))).astype(float)
-        low, high = two_level_bootstrap_interval(right, resamples=500, seed=repetition)
-        bootstrap += low <= truth <= high
-        low, high = wilson_interval(right.mean(), right.size)
-        pooled += low <= truth <= high
-    return bootstrap / repetitions, pooled / repetitions
+    logit = rng.normal(0, 1.5, (repetitions, 1, questions)) + rng.normal(0, seed_logit_sd, (repetitions, seeds, 1))
+    accuracy = rng.binomial(samples, 1 / (1 + np.exp(-logit))) / samples
+    covered = 0
+    for table in accuracy:
+        low, high = interval(table)
+        covered += low <= 0.5 <= high
+    return covered / repetitions
 
 
-def test_the_two_level_interval_covers_the_truth_over_seeds_and_questions():
-    # Seeds 2.5 accuracy points apart (logit sd 0.3 around 50%): 3 seeds of 100 questions. 400 repetitions: the
-    # coverage's standard error is 0.011; simulation seeds 0–5 gave 0.935–0.963, the pooled Wilson 0.72–0.78.
-    bootstrap, pooled = seeds_interval_coverage(SEED, seed_spread=0.3)
-    assert 0.92 <= bootstrap <= 0.98
-    assert pooled < 0.85
-    # Without seed-to-seed spread the interval is a little wide (seeds 0–2: 0.975–0.98): questions are counted at
-    # both levels. With seeds 20 points apart (logit sd 1) 3 seeds are too few for a bootstrap: 0.80–0.83, as the
-    # docstring says; the Welch test's t distribution is what accounts for few seeds.
-    assert seeds_interval_coverage(SEED, seed_spread=0.0)[0] >= 0.95
-    assert seeds_interval_coverage(SEED, seed_spread=1.0)[0] < 0.9
+def seed_means_t_interval(table: np.ndarray) -> tuple[float, float]:
+    """The t-interval on the seed means alone, which leaves out that every seed answered the same questions."""
+    means = table.mean(axis=1)
+    half = t_quantile(0.975, len(means) - 1) * means.std(ddof=1) / math.sqrt(len(means))
+    return means.mean() - half, means.mean() + half
 
 
-def test_the_two_level_interval_by_hand():
-    # One seed, questions all alike: nothing varies, the interval is the point.
-    assert two_level_bootstrap_interval([[0.5, 0.5, 0.5]]) == (0.5, 0.5)
-    # Two seeds each right on every question or on none: a resample's mean is 0, 1/2 or 1 by how many copies of the
-    # right seed it draws, so the 95% interval spans [0, 1].
-    assert two_level_bootstrap_interval([[1.0] * 4, [0.0] * 4]) == (0.0, 1.0)
-    # One seed: the questions' bootstrap alone, which lies within the questions' range and around their mean.
-    low, high = two_level_bootstrap_interval([[0.0, 1.0] * 50])
-    assert 0.35 < low < 0.5 < high < 0.65
-    with pytest.raises(ValueError, match="seeds × questions"):
-        two_level_bootstrap_interval([0.5, 0.5])
+def test_the_seed_spreads_the_simulations_assume():
+    # At 50% accuracy, as the integrals give them to 1e-10.
+    assert seed_accuracy_sd(0.3) == pytest.approx(0.0525, abs=1e-4)  # 5.3 points between seeds
+    assert seed_accuracy_sd(1.0) == pytest.approx(0.1612, abs=1e-4)  # 16 points
+
+
+def test_the_interval_over_seeds_and_questions_covers_in_both_regimes():
+    # 3 seeds of 500 questions, 2000 repetitions: the coverage's standard error is 0.005. Simulation seeds 0–4 gave
+    # 0.956–0.970 where seeds dominate and 0.970–0.980 where questions do. The two-level bootstrap (seeds, then the
+    # questions) this replaced covered 0.85–0.91 where seeds dominate (0.98 where questions do); the t-interval on
+    # the seed means 0.89–0.92 where questions dominate (0.93–0.95 where seeds do).
+    for regime in (SEEDS_DOMINATE, QUESTIONS_DOMINATE):
+        assert 0.94 <= seeds_interval_coverage(seeds_and_questions_interval, **regime) <= 0.99, regime
+    assert seeds_interval_coverage(seed_means_t_interval, **QUESTIONS_DOMINATE) < 0.93  # what the questions' part adds
+
+
+def test_the_interval_over_seeds_and_questions_by_hand():
+    # Seeds alike on 6 questions: no seeds' part; the question means 0.75, 0.5 (four times), 0.25 have variance
+    # 2 · 0.25² / 5 = 0.025 and the noise is 0, so the half-width is t₀.₉₇₅(5) · √(0.025 / 6).
+    questions = [0.75, 0.5, 0.5, 0.5, 0.5, 0.25]
+    half = 2.570582 * math.sqrt(0.025 / 6)
+    assert seeds_and_questions_interval([questions, questions]) == pytest.approx((0.5 - half, 0.5 + half))
+    # Questions alike, seeds apart (means 0.4 and 0.6, variance 0.02): only the seeds' part, a half-width of
+    # t₀.₉₇₅(1) · √(0.02 / 2) = 12.7 · 0.1, beyond [0, 1] on both sides and kept inside it.
+    assert seeds_and_questions_interval([[0.4] * 3, [0.6] * 3]) == (0.0, 1.0)
+    assert seeds_and_questions_interval([[0.5] * 3] * 2) == (0.5, 0.5)  # nothing varies: the point
+    with pytest.raises(ValueError, match=r"seeds × questions table of two seeds and two questions at least"):
+        seeds_and_questions_interval([[0.5, 0.5]])
 
 
 def test_seed_variance_components_by_hand():
@@ -260,9 +287,48 @@ def test_holm_by_hand():
 
 
 def test_minimum_detectable_difference_by_hand():
-    # 3 seeds: df 4; (t₀.₉₇₅ + t₀.₈) · √(2 (0.0004 + 0.25/500) / 3) = (2.776445 + 0.940965) · 0.024495.
-    assert minimum_detectable_difference(0.0004, 0.25, 3, 500) == pytest.approx(3.717410 * math.sqrt(0.0018 / 3))
+    # Many seeds: Welch's test is the normal test, and the difference (z₀.₉₇₅ + z₀.₈) = 2.8016 standard errors of the
+    # difference, √(2 (0.0004 + 0.25/500) / 1000).
+    assert minimum_detectable_difference(0.0004, 0.25, 1000, 500) == pytest.approx(
+        2.8016 * math.sqrt(0.0018 / 1000), rel=1e-3
+    )
     # More seeds and questions detect less.
     assert minimum_detectable_difference(0.0004, 0.25, 10, 500) < minimum_detectable_difference(0.0004, 0.25, 3, 500)
+    assert minimum_detectable_difference(0.0004, 0.25, 3, 1000) < minimum_detectable_difference(0.0004, 0.25, 3, 500)
     with pytest.raises(ValueError, match="two seeds"):
         minimum_detectable_difference(0.0004, 0.25, 1, 500)
+
+
+def welch_p_values(ahead: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """:func:`welch_test`'s p-value for each row pair of two (pairs × seeds) arrays, its arithmetic in numpy."""
+    share_a, share_b = ahead.var(axis=1, ddof=1) / ahead.shape[1], reference.var(axis=1, ddof=1) / reference.shape[1]
+    t = (ahead.mean(axis=1) - reference.mean(axis=1)) / np.sqrt(share_a + share_b)
+    df = (share_a + share_b) ** 2 / (share_a**2 / (ahead.shape[1] - 1) + share_b**2 / (reference.shape[1] - 1))
+    return np.array([t_two_sided_p_value(float(x), float(d)) for x, d in zip(t, df, strict=True)])
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5])
+def test_welch_test_detects_the_minimum_detectable_difference_80_percent_of_the_time(seeds):
+    # Two settings whose seed accuracies are normal with the variance the components give (0.0004 between seeds,
+    # 0.25 / 500 from the questions), one ahead by the printed difference: Welch's test at level 0.05, the page's
+    # test, must find it 80% of the time. 40,000 pairs: the power's standard error is 0.002; the equal-variance
+    # t-test's difference (the one printed before) gave 0.45, 0.69 and 0.77 here.
+    rng = np.random.default_rng(SEED + seeds)
+    detectable = minimum_detectable_difference(0.0004, 0.25, seeds, 500)
+    sd = math.sqrt(0.0004 + 0.25 / 500)
+    ahead, reference = rng.normal(detectable, sd, (40_000, seeds)), rng.normal(0.0, sd, (40_000, seeds))
+    p_values = welch_p_values(ahead, reference)
+    assert p_values[:20] == pytest.approx(
+        [welch_test(a, r)["p_value"] for a, r in zip(ahead[:20], reference[:20], strict=True)]
+    )
+    assert np.mean(p_values < 0.05) == pytest.approx(0.80, abs=0.01)
+
+
+def test_welch_power_matches_its_size_and_grows_with_the_shift():
+    # No shift: the chance of a false finding, as test_welch_test_holds_its_size_with_three_seeds measures it.
+    assert 0.03 <= welch_power(0.0, 3) <= 0.04
+    powers = [welch_power(shift, 3) for shift in (0.0, 1.0, 2.0, 4.0, 8.0)]
+    assert powers == sorted(powers) and powers[-1] > 0.99
+    assert welch_power(3.0, 3) < welch_power(3.0, 5) < welch_power(3.0, 50)  # more seeds: variances better known
+    with pytest.raises(ValueError, match="two seeds"):
+        welch_power(1.0, 1)

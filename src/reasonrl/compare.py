@@ -60,7 +60,7 @@ from reasonrl.statistics import (
     holm_adjusted,
     minimum_detectable_difference,
     seed_variance_components,
-    two_level_bootstrap_interval,
+    seeds_and_questions_interval,
     welch_test,
 )
 
@@ -501,8 +501,8 @@ class SettingRoute:
 
     @cached_property
     def interval(self) -> tuple[float, float] | None:
-        """95% over seeds and questions (:func:`reasonrl.statistics.two_level_bootstrap_interval`)."""
-        return None if self.per_question is None else two_level_bootstrap_interval(self.per_question)
+        """95% over seeds and questions (:func:`reasonrl.statistics.seeds_and_questions_interval`)."""
+        return None if self.per_question is None else seeds_and_questions_interval(self.per_question)
 
 
 def setting_names(settings: Sequence[str], repo: str | None = None) -> dict[str, list[str]]:
@@ -545,9 +545,10 @@ def setting_route(setting: str, experiments: Sequence[Experiment], route: str) -
 
 def comparison_rows(routes: Mapping[str, Sequence[SettingRoute]]) -> list[dict[str, Any]]:
     """Route by route, each setting after the first against the first: Welch's test on seed accuracies
-    (:func:`reasonrl.statistics.welch_test`), Holm's adjustment over the route's comparisons, and the minimum
-    detectable difference at 80% power and level 0.05 for the pair's seeds and questions, from their pooled
-    between- and within-seed variances (None without per-question answers)."""
+    (:func:`reasonrl.statistics.welch_test`), Holm's adjustment over the route's comparisons, and the difference
+    that test detects with 80% power at level 0.05 for the pair's seeds and questions, from their pooled between-
+    and within-seed variances (:func:`reasonrl.statistics.minimum_detectable_difference`; None without
+    per-question answers)."""
     rows = []
     for route, settings in routes.items():
         reference, others = settings[0], settings[1:]
@@ -621,10 +622,14 @@ def build_settings_comparison(settings: Mapping[str, Sequence[Experiment]], figu
     report.blocks.append(
         Paragraph(
             "Each seed's test accuracy from its `reports/final/metrics.json`; mean and between-seed standard "
-            "deviation over the seeds; the 95% interval of the mean by a two-level bootstrap (seeds drawn with "
-            "replacement, then the test questions, the same draw for every seed since every seed answers the same "
-            "questions; `reports/final/generations/<route>.jsonl`; — where a seed lacks them). With 3 seeds the "
-            "interval is too narrow when seeds vary much more than questions do (docs/experiments.md)."
+            "deviation over the seeds; the 95% interval of the mean over seeds and over the questions the test set "
+            "samples, from each seed's accuracy per question (`reports/final/generations/<route>.jsonl`; — where a "
+            "seed lacks them): mean ± √(t²·(seed means' variance) / seeds + t²·(questions' part) / questions), the "
+            "seeds' part with the t quantile of seeds − 1 degrees of freedom, the questions' part (how much more the "
+            "question means vary than the seed × question noise makes them; every seed answers the same questions, "
+            "so the seeds' spread cannot show it) with that of questions − 1. It holds whether seeds or the choice "
+            "of questions vary most (simulated coverage 0.95–0.98 with 3 seeds of 500 questions in both; "
+            "docs/experiments.md)."
         )
     )
 
@@ -637,10 +642,12 @@ def build_settings_comparison(settings: Mapping[str, Sequence[Experiment]], figu
             "independent replicates; each seed's accuracy carries its questions' noise, and the t distribution "
             "accounts for having few seeds, where a permutation test of 3 seeds against 3 cannot go below p = 0.1)"
             + ("; p (Holm): adjusted for the route's comparisons with the reference" if holm else "")
-            + ". Detectable: the smallest true difference this many seeds and questions detect 80% of the time at "
-            "level 0.05, from the two settings' between-seed and within-seed (question × seed) variances; a "
-            "smaller one can be real and missed. A route no seed param changes (e.g. base with a hub model) has "
-            "no seed-to-seed spread and no test."
+            + ". Detectable: the smallest true difference Welch's test at level 0.05 detects 80% of the time with "
+            "this many seeds and questions: its power computed exactly for seed accuracies as variable as the two "
+            "settings' between-seed and within-seed (question × seed) variances make them (with 3 seeds 4.3 "
+            "standard errors of the difference, where an equal-variance t-test would need 3.7); a smaller one can "
+            "be real and missed. A route no seed param changes (e.g. base with a hub model) has no seed-to-seed "
+            "spread and no test."
         )
     )
     if figures:

@@ -9,7 +9,7 @@ keys, values the pipeline refuses, seeds, names already taken) before anything i
 
 The data's seeds (``data.split_seed``, ``data.arithmetic.seed``) and the evaluation's (``rollout.seed``) are not
 varied: every seed of every setting answers the same test questions with the same sampling seed, which is what the
-two-level interval and the comparison across settings assume (:mod:`reasonrl.statistics`).
+interval over seeds and questions and the comparison across settings assume (:mod:`reasonrl.statistics`).
 """
 
 from __future__ import annotations
