@@ -250,6 +250,19 @@ def test_a_full_disk_stops_the_run_naming_the_directory_and_the_free_space(tiny_
     assert capsys.readouterr().out == f"EI: resuming from {directory / 'step-000001'} (step 1)\n"
 
 
+def test_a_full_disk_while_the_curves_are_copied_is_said_so_too(tiny_model, small_disk, tmp_path):
+    """The tensors fit, the curves copied beside them do not (``shutil.copytree`` gathers the error as text): the
+    same one error, and nothing of the checkpoint left."""
+    directory, live = small_disk / "checkpoints", tmp_path / "live"
+    live.mkdir()
+    (live / "curve.tsv").write_bytes(b"0" * 3_000_000)
+    store = ei_checkpoints(copy.deepcopy(tiny_model), directory, live)
+    no_room = rf"{re.escape(str(directory))}: no room for the checkpoint of step 1 \(No space left on device\): "
+    with pytest.raises(UserError, match=f"^{no_room}it takes about 5.3 MB, "):  # 2.3 MB of weights, 3 of curves
+        store.save(EIState(step=1))
+    assert not list(directory.iterdir())
+
+
 def test_the_sft_and_ei_fingerprints_change_with_params_init_model_data_and_code(tmp_path, tiny_tokenizer):
     """Each input on its own changes the fingerprint: a param, the init model's weights rewritten in place, a pair or
     a training question, a validation question, a comment in a module the stage imports."""

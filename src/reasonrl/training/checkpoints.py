@@ -131,7 +131,7 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
-def checkpoint_step(path: Path) -> int:
+def _step(path: Path) -> int:
     return int(path.name.removeprefix(CHECKPOINT_PREFIX))
 
 
@@ -140,7 +140,7 @@ def checkpoints_in(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     found = [path for path in directory.iterdir() if CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir()]
-    return sorted(found, key=checkpoint_step)
+    return sorted(found, key=_step)
 
 
 def _sha256(file: Path) -> str:
@@ -179,7 +179,7 @@ class _ErrorKeepingWriter:
         self.stream.flush()
 
 
-def save_tensors(tensors: dict[str, Any], file: Path) -> None:
+def _save_tensors(tensors: dict[str, Any], file: Path) -> None:
     """``torch.save(tensors, file)``, raising the OS error of a failed write as itself (a full disk: ENOSPC)."""
     with file.open("wb") as stream:
         writer = _ErrorKeepingWriter(stream)
@@ -219,25 +219,30 @@ def _stored_bytes(value: Any) -> int:
     return sum(storages.values())
 
 
+def _tree_bytes(directory: Path) -> int:
+    return sum(file.stat().st_size for file in directory.rglob("*") if file.is_file())
+
+
 def _size(size: float) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
 
 
 @contextmanager
-def _disk_full_reported(directory: Path, step: int, tensors: dict[str, Any]) -> Iterator[None]:
+def _disk_full_reported(directory: Path, step: int, tensors: dict[str, Any], live_dir: Path) -> Iterator[None]:
     """Turn the error of a write that found no room into a :class:`DiskFullError` naming ``directory``, the room
-    the checkpoint of ``step`` takes and the room left (once its half-written files are gone)."""
+    the checkpoint of ``step`` takes (``tensors`` and the curves in ``live_dir``) and the room left (once its
+    half-written files are gone)."""
     try:
         yield
     except OSError as error:
         cause = _no_room(error)
         if cause is None:
             raise
+        needed, free = _stored_bytes(tensors) + _tree_bytes(live_dir), shutil.disk_usage(directory).free
         raise DiskFullError(
-            f"{directory}: no room for the checkpoint of step {step} ({cause}): it takes about "
-            f"{_size(_stored_bytes(tensors))}, {_size(shutil.disk_usage(directory).free)} free there; free some "
-            "space or give --checkpoints a directory on a larger disk, then rerun (it resumes from the newest "
-            "checkpoint)"
+            f"{directory}: no room for the checkpoint of step {step} ({cause}): it takes about {_size(needed)}, "
+            f"{_size(free)} free there; free some space or give --checkpoints a directory on a larger disk, then "
+            "rerun (it resumes from the newest checkpoint)"
         ) from error
 
 
@@ -249,15 +254,15 @@ def write_checkpoint(
     the disk → :class:`DiskFullError`, with no part of the checkpoint left and the older ones kept."""
     target = checkpoint_path(directory, step)
     tensors = tensors | {"torch_rng": torch.get_rng_state()}
-    with _disk_full_reported(directory, step, tensors), atomic_directory(target) as staging:
-        save_tensors(tensors, staging / TENSORS_FILE)
+    with _disk_full_reported(directory, step, tensors, live_dir), atomic_directory(target) as staging:
+        _save_tensors(tensors, staging / TENSORS_FILE)
         shutil.copytree(live_dir, staging / "live")
         saved = {"fingerprint": fingerprint, "state": dataclasses.asdict(state), "files": file_digests(staging)}
         (staging / STATE_FILE).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
         fsync_tree(staging)  # else the rename may reach the disk before the data it names (a crash: empty files)
     fsync_path(directory)  # the rename itself, before the previous checkpoint goes
     for older in checkpoints_in(directory):
-        if checkpoint_step(older) < step:
+        if _step(older) < step:
             shutil.rmtree(older)
 
 
