@@ -1,10 +1,15 @@
 """The checkpoint store SFT and expert iteration share with GRPO (issue 23, item 5), without an engine: an SFT
 checkpoint restores the weights, AdamW, the step count (the learning rate's place), the data order and the best
 weights, so two steps then a resume and two more equal four uninterrupted steps; a checkpoint made from other inputs
-(params, init model, data, code) is not resumed; the keep_every params and where the kept policies go."""
+(params, init model, data, code) is not resumed; one damaged on disk is set aside, not resumed; a full disk stops the
+run in one line; the keep_every params and where the kept policies go."""
 
 import copy
+import re
 import shutil
+import struct
+import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ from reasonrl.atomic import LockedError
 from reasonrl.code_deps import SOURCE
 from reasonrl.config import ConfigError, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig, TinyModelSpec
 from reasonrl.data import GSM8KExample, examples_digest
+from reasonrl.errors import UserError
 from reasonrl.expert_iteration import EI_STAGE, EIState
 from reasonrl.sft import SFT_STAGE, Pair, SFTState, pairs_digest, sft_schedule, sft_steps
 from reasonrl.tiny_model import build_tiny_model
@@ -110,6 +116,151 @@ def test_an_ei_checkpoint_restores_the_weights_the_best_round_and_the_counts(tin
     assert all(torch.equal(tensor, tiny_model.state_dict()[name]) for name, tensor in other.state_dict().items())
     remove_checkpoints(tmp_path / "checkpoints")
     assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def ei_checkpoints(policy, directory: Path, live: Path | None = None) -> RunCheckpoints:
+    """An expert-iteration run's store (no optimizer): the smallest real checkpoint of the tiny policy."""
+    live = live or directory.parent / "live"
+    live.mkdir(exist_ok=True)
+    return RunCheckpoints(directory, "inputs", "EI", EIState, policy, None, BestCheckpoint(), live)
+
+
+def checkpoints_of_steps_1_and_2(tiny_model, directory: Path) -> dict[str, torch.Tensor]:
+    """Checkpoints of steps 1 and 2 side by side (as a kill between step 2's rename and step 1's removal leaves
+    them), of different weights; returns step 1's."""
+    policy = copy.deepcopy(tiny_model)
+    ei_checkpoints(policy, directory).save(EIState(step=1))
+    shutil.copytree(directory / "step-000001", directory.parent / "step-000001")
+    at_step_1 = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(1.0)
+    ei_checkpoints(policy, directory).save(EIState(step=2))
+    shutil.copytree(directory.parent / "step-000001", directory / "step-000001")
+    return at_step_1
+
+
+def flip_a_weight_exponent(file: Path) -> None:
+    """Flip one exponent bit of the first float32 of the largest tensor in torch's zip ``file``, in place (that
+    weight becomes 2^128 times larger): damage the zip's CRC-32 would show, but ``torch.load`` checks none."""
+    with zipfile.ZipFile(file) as archive:
+        entry = max((info for info in archive.infolist() if "/data/" in info.filename), key=lambda info: info.file_size)
+    with file.open("r+b") as stream:
+        stream.seek(entry.header_offset + 26)  # a local file header: 30 bytes, then its name and extra field
+        name_length, extra_length = struct.unpack("<HH", stream.read(4))
+        high_byte = entry.header_offset + 30 + name_length + extra_length + 3  # little-endian: sign and exponent
+        stream.seek(high_byte)
+        value = stream.read(1)[0]
+        stream.seek(high_byte)
+        stream.write(bytes([value ^ 0x40]))
+
+
+def test_a_checkpoint_whose_weights_were_damaged_on_disk_is_passed_over(tiny_model, tmp_path, capsys):
+    """One bit flipped in step 2's ``checkpoint.pt`` (``torch.load`` would load it as it is): the resume names the
+    file, sets step 2's checkpoint aside and continues from step 1, with step 1's weights."""
+    directory = tmp_path / "checkpoints"
+    at_step_1 = checkpoints_of_steps_1_and_2(tiny_model, directory)
+    newest = directory / "step-000002"
+    flip_a_weight_exponent(newest / "checkpoint.pt")
+    capsys.readouterr()
+
+    policy = copy.deepcopy(tiny_model)
+    state = ei_checkpoints(policy, directory).resume()
+    assert capsys.readouterr().out.splitlines() == [
+        f"EI: {newest / 'checkpoint.pt'} is damaged: its SHA-256 is not the one recorded when it was saved; set "
+        f"aside as {directory / 'step-000002.damaged'}; trying the previous checkpoint",
+        f"EI: resuming from {directory / 'step-000001'} (step 1)",
+    ]
+    assert state.step == 1
+    assert all(torch.equal(tensor, at_step_1[name]) for name, tensor in policy.state_dict().items())
+
+
+def tree_bytes(directory: Path) -> dict[Path, bytes]:
+    return {path.relative_to(directory): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["bit flipped", "state.json cut short"])
+def test_a_damaged_checkpoint_with_none_before_it_is_kept_aside(tiny_model, tmp_path, capsys, damage):
+    """The only checkpoint damaged: the run starts afresh and says where it kept the checkpoint, as it was, for
+    inspection (``step-000002.damaged``); the fresh run's checkpoints, its resume and the completed run's clean-up
+    leave that one alone."""
+    directory = tmp_path / "checkpoints"
+    ei_checkpoints(copy.deepcopy(tiny_model), directory).save(EIState(step=2))
+    checkpoint = directory / "step-000002"
+    if damage == "bit flipped":
+        bad = checkpoint / "checkpoint.pt"
+        flip_a_weight_exponent(bad)
+    else:
+        bad = checkpoint / "state.json"
+        bad.write_text(bad.read_text()[:40])
+    as_damaged = tree_bytes(checkpoint)
+    capsys.readouterr()
+
+    policy = copy.deepcopy(tiny_model)
+    state = ei_checkpoints(policy, directory).resume()
+    aside = directory / "step-000002.damaged"
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"EI: {bad} ") and line.endswith(f"; set aside as {aside}; starting afresh")
+    assert state == EIState()
+    assert [path.name for path in directory.iterdir()] == [aside.name] and tree_bytes(aside) == as_damaged
+
+    store = ei_checkpoints(policy, directory)
+    store.save(EIState(step=1))
+    store.save(EIState(step=2))
+    assert sorted(path.name for path in directory.iterdir()) == ["step-000002", aside.name]
+    assert ei_checkpoints(policy, directory).resume().step == 2
+    assert capsys.readouterr().out == f"EI: resuming from {checkpoint} (step 2)\n"
+    remove_checkpoints(directory)
+    assert [path.name for path in directory.iterdir()] == [aside.name] and tree_bytes(aside) == as_damaged
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: room for one checkpoint of the tiny policy (2.3 MB of weights), not for the next beside it."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mount], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"the full disk is a small tmpfs, and mounting one is not permitted here: {mounted.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "--lazy", mount], check=True)  # lazy: a file a failed test left open
+
+
+def test_a_full_disk_stops_the_run_naming_the_directory_and_the_free_space(tiny_model, small_disk, tmp_path, capsys):
+    """Step 1's checkpoint fits, step 2's does not: one error naming the directory, the cause and the free space;
+    no half-written checkpoint is left, step 1's stays whole and resumes."""
+    directory = small_disk / "checkpoints"
+    store = ei_checkpoints(copy.deepcopy(tiny_model), directory, tmp_path / "live")
+    store.save(EIState(step=1))
+    with pytest.raises(UserError) as full:
+        store.save(EIState(step=2))
+    said = re.fullmatch(
+        rf"{re.escape(str(directory))}: no room for the checkpoint of step 2 \(No space left on device\): it takes "
+        r"about ([\d.]+) MB, ([\d.]+) MB free there; free some space or give --checkpoints a directory on a larger "
+        r"disk, then rerun \(it resumes from the newest checkpoint\)",
+        str(full.value),
+    )
+    assert said, str(full.value)
+    takes, free = float(said[1]) * 1e6, float(said[2]) * 1e6
+    assert takes == pytest.approx((directory / "step-000001/checkpoint.pt").stat().st_size, rel=0.02)
+    assert free == pytest.approx(shutil.disk_usage(directory).free, abs=0.05e6)
+    assert [path.name for path in directory.iterdir()] == ["step-000001"]  # no temporary left
+    capsys.readouterr()
+    assert ei_checkpoints(copy.deepcopy(tiny_model), directory, tmp_path / "live").resume().step == 1
+    assert capsys.readouterr().out == f"EI: resuming from {directory / 'step-000001'} (step 1)\n"
+
+
+def test_a_full_disk_while_the_curves_are_copied_is_said_so_too(tiny_model, small_disk, tmp_path):
+    """The tensors fit, the curves copied beside them do not (``shutil.copytree`` gathers the error as text): the
+    same one error, and nothing of the checkpoint left."""
+    directory, live = small_disk / "checkpoints", tmp_path / "live"
+    live.mkdir()
+    (live / "curve.tsv").write_bytes(b"0" * 3_000_000)
+    store = ei_checkpoints(copy.deepcopy(tiny_model), directory, live)
+    no_room = rf"{re.escape(str(directory))}: no room for the checkpoint of step 1 \(No space left on device\): "
+    with pytest.raises(UserError, match=f"^{no_room}it takes about 5.3 MB, "):  # 2.3 MB of weights, 3 of curves
+        store.save(EIState(step=1))
+    assert not list(directory.iterdir())
 
 
 def test_the_sft_and_ei_fingerprints_change_with_params_init_model_data_and_code(tmp_path, tiny_tokenizer):

@@ -1,6 +1,7 @@
 """GRPO: one step against a hand-computed update, the NaN guard, resume after kill -9, and learning."""
 
 import copy
+import json
 import math
 import os
 import shutil
@@ -37,7 +38,7 @@ from reasonrl.rollouts.drawing import score_samples
 from reasonrl.rollouts.types import DrawnRollouts, Sample
 from reasonrl.tokenization import batch_from_token_ids
 from reasonrl.training.best import BestCheckpoint
-from reasonrl.training.checkpoints import fingerprint
+from reasonrl.training.checkpoints import file_digests, fingerprint
 
 
 def fixed_batch(advantages: list[float], raw_rewards: list[float]) -> RolloutBatch:
@@ -332,12 +333,21 @@ def checkpoint_at(policy, directory: Path, step: int) -> Path:
     return directory / f"step-{step:06d}"
 
 
+def forge_digests(checkpoint: Path) -> None:
+    """Record the SHA-256 of ``checkpoint``'s files as they are now, as a forger would: what then refuses a crafted
+    ``checkpoint.pt`` is ``torch.load(weights_only=True)``, not the digest check meant for damage."""
+    file = checkpoint / "state.json"
+    saved = json.loads(file.read_text())
+    file.write_text(json.dumps(saved | {"files": file_digests(checkpoint)}))
+
+
 def test_a_crafted_checkpoint_is_refused_before_anything_in_it_runs(tiny_model, tmp_path):
-    """A ``checkpoint.pt`` that would call ``os.system`` when unpickled, beside the genuine fingerprint: refused in
-    one line naming the file, the command never runs and the policy is left as it was."""
+    """A ``checkpoint.pt`` that would call ``os.system`` when unpickled, beside the genuine fingerprint and its own
+    SHA-256: refused in one line naming the file, the command never runs and the policy is left as it was."""
     checkpoint = checkpoint_at(tiny_model, tmp_path / "checkpoints", 2)
     marker = tmp_path / "ran"
     torch.save({"policy": RunsCommand(f"touch {marker}")}, checkpoint / "checkpoint.pt")
+    forge_digests(checkpoint)
     before = {name: tensor.clone() for name, tensor in tiny_model.state_dict().items()}
     optimizer = torch.optim.AdamW(tiny_model.parameters())
     checkpoints = grpo_checkpoints(
@@ -354,7 +364,7 @@ def test_a_crafted_checkpoint_is_refused_before_anything_in_it_runs(tiny_model, 
 @pytest.mark.parametrize("damage", ["truncated tensors", "bad JSON", "crafted pickle"])
 def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_path, capsys, damage):
     """Step 2's checkpoint and step 4's, damaged: the resume names step 4's file and why in one line, continues from
-    step 2 (its weights) and drops step 4's. Step 2's damaged too: a fresh state and no checkpoint left behind."""
+    step 2 (its weights) and sets step 4's aside. Step 2's damaged too: a fresh state, both set aside."""
     policy, directory = copy.deepcopy(tiny_model), tmp_path / "checkpoints"
     shutil.copytree(checkpoint_at(policy, directory, 2), tmp_path / "kept")
     at_step_2 = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
@@ -373,17 +383,19 @@ def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_pat
     else:
         bad = newest / "checkpoint.pt"
         torch.save({"policy": RunsCommand(f"touch {marker}")}, bad)
+        forge_digests(newest)
     capsys.readouterr()
 
     state = grpo_checkpoints(
         directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
     ).resume()
     skipped, resumed = capsys.readouterr().out.splitlines()
-    assert skipped.startswith(f"GRPO: {bad} ") and skipped.endswith("; trying the previous checkpoint")
+    assert skipped.startswith(f"GRPO: {bad} ")
+    assert skipped.endswith(f"; set aside as {directory / 'step-000004.damaged'}; trying the previous checkpoint")
     assert resumed == f"GRPO: resuming from {directory / 'step-000002'} (step 2)"
     assert state.step == 2
     assert all(torch.equal(tensor, at_step_2[name]) for name, tensor in policy.state_dict().items())
-    assert [path.name for path in directory.iterdir()] == ["step-000002"]
+    assert sorted(path.name for path in directory.iterdir()) == ["step-000002", "step-000004.damaged"]
     assert not marker.exists()
 
     os.truncate(directory / "step-000002/checkpoint.pt", 1000)
@@ -391,9 +403,10 @@ def test_resume_passes_over_a_checkpoint_that_cannot_be_read(tiny_model, tmp_pat
         directory, "fingerprint", policy, torch.optim.AdamW(policy.parameters()), BestCheckpoint(), tmp_path / "live"
     ).resume()
     (skipped,) = capsys.readouterr().out.splitlines()
-    assert skipped.startswith(f"GRPO: {directory / 'step-000002/checkpoint.pt'} cannot be read (")
-    assert skipped.endswith("; starting afresh")
-    assert state == TrainingState() and not list(directory.iterdir())
+    assert skipped.startswith(f"GRPO: {directory / 'step-000002/checkpoint.pt'} is damaged: 1,000 bytes, ")
+    assert skipped.endswith(f"; set aside as {directory / 'step-000002.damaged'}; starting afresh")
+    assert state == TrainingState()
+    assert sorted(path.name for path in directory.iterdir()) == ["step-000002.damaged", "step-000004.damaged"]
 
 
 def test_a_checkpoint_is_on_disk_whole_before_it_replaces_the_previous_one(tiny_model, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from reasonrl.losses import compute_kl, group_normalized_advantages
 from reasonrl.rollouts.types import DrawnRollouts, Sample, StepRollouts
 from reasonrl.training.best import BestCheckpoint
 from reasonrl.training.checkpoints import CheckpointError
-from tests.test_grpo import fixed_batch
+from tests.test_grpo import fixed_batch, forge_digests
 
 SMALL = {"rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4, "gradient_accumulation_steps": 1}
 
@@ -127,6 +127,7 @@ def test_a_refreshed_reference_is_part_of_the_checkpoint_and_only_then(tiny_mode
 
     del saved["reference"]["lm_head.weight"]
     torch.save(saved, tmp_path / "refreshed/step-000001/checkpoint.pt")
+    forge_digests(tmp_path / "refreshed/step-000001")  # what is refused is the reference, not the file's digest
     fresh_policy = copy.deepcopy(tiny_model)
     fresh = KLReference.of(fresh_policy, config.loss, 0)
     with pytest.raises(CheckpointError, match="its KL reference is not of this policy's names and shapes"):

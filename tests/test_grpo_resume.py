@@ -120,8 +120,8 @@ def test_resume_after_kill_matches_uninterrupted_run(stage_inputs):
     assert (uninterrupted / "checkpoints").is_dir() and not list((uninterrupted / "checkpoints").iterdir())
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     log = rerun.stdout + rerun.stderr
-    assert f"GRPO: {checkpoints / 'step-000004/checkpoint.pt'} cannot be read (" in log
-    assert "; trying the previous checkpoint\n" in log
+    assert f"GRPO: {checkpoints / 'step-000004/checkpoint.pt'} is damaged: 1,000 bytes, " in log
+    assert f"; set aside as {checkpoints / 'step-000004.damaged'}; trying the previous checkpoint\n" in log
     assert f"resuming from {checkpoints / 'step-000002'} (step 2)" in log
 
     for kind in ("final", "best"):
@@ -330,8 +330,8 @@ EDITS = {
 @pytest.mark.parametrize("edit", EDITS)
 def test_a_checkpoint_whose_rollouts_in_flight_were_edited_is_passed_over(tiny_model, drawn, tmp_path, capsys, edit):
     """Lag 2, checkpoints after steps 1 and 2, step 2's ``state.json`` edited in its rollouts in flight (steps 2 and
-    3): the resume names the file in one line, leaves the policy untouched by it and resumes step 1's checkpoint,
-    its rollouts of steps 1 and 2 parsed; step 1's edited too: a fresh start."""
+    3): the resume names the file in one line, sets the checkpoint aside, leaves the policy untouched by it and
+    resumes step 1's checkpoint, its rollouts of steps 1 and 2 parsed; step 1's edited too: a fresh start."""
     policy, directory = copy.deepcopy(tiny_model), tmp_path / "checkpoints"
     shutil.copytree(checkpoint_in_flight(policy, directory, 1, drawn), tmp_path / "kept")
     at_step_1 = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
@@ -345,7 +345,7 @@ def test_a_checkpoint_whose_rollouts_in_flight_were_edited_is_passed_over(tiny_m
     state, log = resume_async(policy, directory, capsys)
     assert log == [
         f"GRPO: {newest / 'state.json'}: its rollouts in flight do not match their digest in checkpoint.pt (edited?); "
-        "trying the previous checkpoint",
+        f"set aside as {directory / 'step-000002.damaged'}; trying the previous checkpoint",
         f"GRPO: resuming from {directory / 'step-000001'} (step 1)",
     ]
     assert all(torch.equal(tensor, at_step_1[name]) for name, tensor in policy.state_dict().items())
@@ -354,7 +354,8 @@ def test_a_checkpoint_whose_rollouts_in_flight_were_edited_is_passed_over(tiny_m
 
     edit_state(directory / "step-000001", EDITS[edit])
     state, log = resume_async(policy, directory, capsys)
-    assert len(log) == 1 and log[0].endswith("(edited?); starting afresh") and state == TrainingState()
+    assert len(log) == 1 and state == TrainingState()
+    assert log[0].endswith(f"(edited?); set aside as {directory / 'step-000001.damaged'}; starting afresh")
 
 
 @pytest.mark.timeout(120)
@@ -366,6 +367,7 @@ def test_a_checkpoint_without_the_rollouts_its_step_needs_is_not_resumed(tiny_mo
     state, log = resume_async(copy.deepcopy(tiny_model), directory, capsys)
     assert log == [
         f"GRPO: {checkpoint / 'state.json'}: its rollouts in flight are of steps {{2: 0}} (step: policy version), to "
-        "request [4]; a run at step 2 holds {2: 0, 3: 1}, to request [4]; starting afresh"
+        f"request [4]; a run at step 2 holds {{2: 0, 3: 1}}, to request [4]; set aside as {checkpoint}.damaged; "
+        "starting afresh"
     ]
     assert state == TrainingState()

