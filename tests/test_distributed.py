@@ -132,6 +132,41 @@ def load_ranks(out_dir: Path, strategy: str) -> list[dict]:
     return [torch.load(out_dir / f"{strategy}-rank{rank}.pt", weights_only=False) for rank in range(2)]
 
 
+RANK_ZERO_TIMEOUT_MINUTES = 0.1
+"""The process group's timeout in the rank-zero world: 6 s, against writes of 2 and 9 s."""
+
+
+@pytest.fixture(scope="module")
+def rank_zero_alone(tiny_model_dir, tmp_path_factory) -> list[dict]:
+    """What each rank of :mod:`rank_zero_worker` reported: one world of two gloo ranks, its group timing out after
+    :data:`RANK_ZERO_TIMEOUT_MINUTES`, for the timeout's test and the gathers'."""
+    out_dir = tmp_path_factory.mktemp("rank_zero")
+    torchrun_two_ranks("rank_zero_worker.py", tiny_model_dir, out_dir, RANK_ZERO_TIMEOUT_MINUTES)
+    return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.slow
+def test_the_ranks_wait_for_a_slow_rank_0_write_as_long_as_distributed_timeout_minutes(rank_zero_alone):
+    """Rank 0 alone writes checkpoints and kept policies while the other ranks wait in their next collective: the
+    process group's timeout is ``distributed.timeout_minutes``, a write within it passes and a longer one stops the
+    waiting rank with the timeout's error (torch's 10 minutes would stop a 1.5B model's checkpoint on a slow disk)."""
+    waiting = rank_zero_alone[1]
+    assert waiting["short_write"] == "ok"
+    assert "timed out" in waiting["long_write"].lower() and "6000ms" in waiting["long_write"], waiting["long_write"]
+    assert DistributedConfig().timeout_minutes == 60
+
+
+@pytest.mark.slow
+def test_under_fsdp2_only_rank_0_holds_the_whole_weights_it_saves(rank_zero_alone):
+    """A kept policy's and the final weights' gathering (every rank gathers each tensor from the shards): rank 0
+    gets the whole model, the other rank never holds more than two whole tensors at once (the one it drops and the
+    next), and returns none."""
+    saver, other = (report["weights"] for report in rank_zero_alone)
+    assert saver["returned"] > 0 and saver["equal_to_the_model"]
+    assert other["returned"] == 0
+    assert other["peak_bytes"] <= 2 * other["largest_bytes"] < other["model_bytes"], other
+
+
 FAKE_SRUN = """#!/bin/bash
 # srun --nodes=N --ntasks-per-node=1 ... COMMAND: COMMAND once per "node", all on this machine
 nodes=1

@@ -3,6 +3,8 @@
 In ``colocate`` that is what frees the engine's GPU memory for training; here (CPU) sleeping frees nothing, but the
 engine keeps the same awake/asleep state and refuses to generate while asleep, so these runs check the loops' order:
 every policy forward (training and old log-probs) sees a sleeping engine, and every sample comes from a woken one.
+The engine sleeps at ``rollout.sleep_level`` 2, which drops its weights (every layout refuses to generate until
+weights are loaded): every generation phase of every loop loads the policy's weights.
 Each loop runs with the chat prompt ``r1_zero_chat``: every prompt it gives the engine (rollouts and validation)
 is rendered through the tiny tokenizer's chat template.
 """
@@ -34,7 +36,8 @@ EVAL = EvalConfig(max_tokens=8)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return RolloutEngine(tiny_model_dir, EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True))
+    config = EngineConfig(cpu_kv_cache_gib=1, max_model_len=512, enforce_eager=True, sleep_level=2)
+    return RolloutEngine(tiny_model_dir, config)
 
 
 @pytest.fixture(scope="module")

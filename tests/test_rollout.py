@@ -4,6 +4,7 @@ it needs first, so test order does not matter)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -98,6 +99,8 @@ def token_ids(samples: list[list[Sample]]) -> list[list[list[int]]]:
         ("gpu_memory_utilization", 0.0),
         ("gpu_memory_utilization", 1.5),
         ("enable_sleep", "yes"),
+        ("sleep_level", 3),
+        ("sleep_level", True),
         ("cpu_kv_cache_gib", 0),
         ("max_model_len", 0),
         ("engine_device", "gpu1"),
@@ -137,6 +140,26 @@ def test_an_asleep_engine_refuses_work_until_a_generation_phase_wakes_it(engine,
     assert engine.asleep, "a failed phase must still put the engine to sleep"
     engine.wake_up()
     assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
+
+
+@pytest.mark.slow
+def test_at_sleep_level_2_an_engine_generates_again_only_once_weights_are_loaded(engine, tiny_model, monkeypatch):
+    """Level 2 drops the weights while the engine sleeps (in ``colocate``; every layout keeps the rule): a wake that
+    loads none leaves nothing to generate from."""
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, sleep_level=2))
+    engine.sync_weights(tiny_model)
+    engine.sleep()
+    engine.wake_up()
+    with pytest.raises(RuntimeError, match=r"dropped its weights when it slept \(rollout.sleep_level 2\)"):
+        engine.generate(PROMPTS[:1], max_tokens=2)
+    engine.sync_weights(tiny_model)
+    assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="dropped its weights"), engine.serving():
+        engine.generate(PROMPTS[:1], max_tokens=2)
+    with engine.serving(tiny_model):
+        assert len(engine.generate(PROMPTS[:1], max_tokens=2)[0]) == 1
+    engine.wake_up(tiny_model)  # as the other tests find it: awake, with weights
 
 
 @pytest.mark.slow

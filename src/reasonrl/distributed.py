@@ -18,6 +18,7 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -145,8 +146,9 @@ def _contiguous_share(count: int, index: int, parts: int) -> range:
 
 
 def init_ranks(config: DistributedConfig, device_type: str) -> Ranks:
-    """The process group of a torchrun launch (NCCL on GPUs, gloo on CPU), made before the rollout engine starts;
-    :data:`SINGLE` outside torchrun. The world torchrun made must be the one ``distributed`` asks for."""
+    """The process group of a torchrun launch (NCCL on GPUs, gloo on CPU), made before the rollout engine starts,
+    its collectives waiting ``distributed.timeout_minutes`` for a slow rank; :data:`SINGLE` outside torchrun. The
+    world torchrun made must be the one ``distributed`` asks for."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size != config.world_size:
         raise ConfigError(
@@ -160,8 +162,18 @@ def init_ranks(config: DistributedConfig, device_type: str) -> Ranks:
     if device_type == "cuda":
         torch.cuda.set_device(ranks.local_rank)
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend, timeout=timedelta(minutes=config.timeout_minutes))
     return ranks
+
+
+def process_group_timeout() -> timedelta:
+    """How long a collective of the default process group waits for every rank (``distributed.timeout_minutes``
+    where :func:`init_ranks` made the group)."""
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    device = torch.device("cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    return _get_default_group()._get_backend(device).options._timeout
 
 
 class PolicyScorer(torch.nn.Module):

@@ -55,11 +55,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import math
 import os
 import random
 import sys
 import tempfile
+import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +73,7 @@ import torch
 from tqdm import tqdm
 
 from reasonrl.config import ConfigError, EngineConfig, is_int
+from reasonrl.distributed import process_group_timeout
 from reasonrl.lora import merged_weights
 from reasonrl.memory import check_gpus
 from reasonrl.rollouts.types import Sample, require_room
@@ -77,9 +81,8 @@ from reasonrl.rollouts.types import Sample, require_room
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# vLLM's sleep level 1 offloads the weights to host memory and drops the KV cache; level 2 would drop the weights
-# too, and an in-place reload needs them in place.
-_SLEEP_LEVEL = 1
+_ENGINE_GROUPS: weakref.WeakSet = weakref.WeakSet()
+"""Default process groups that vLLM made as an engine started (none existed before): its to destroy."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,41 @@ def _answer_bar(label: str | None) -> Callable[..., Iterable | tqdm] | bool:
     return bar
 
 
+def _spare_callers_process_group() -> None:
+    """Have vLLM's engine teardown leave a default process group that the engine did not make (once per process).
+
+    An in-process engine, once collected, runs ``EngineCore.shutdown`` (its client's finalizer), which ends with
+    ``destroy_distributed_environment``: vLLM's own groups, then torch's default group, whoever made it. Under
+    torchrun that is the ranks' group, made before the engine (``reasonrl.distributed.init_ranks``): an engine
+    collected mid-run would take the training's collectives with it. The teardown keeps destroying vLLM's groups,
+    and the default group where vLLM made it (:data:`_ENGINE_GROUPS`), or once the program is exiting."""
+    from vllm.distributed import parallel_state
+
+    destroy_distributed_environment = parallel_state.destroy_distributed_environment
+    if getattr(destroy_distributed_environment, "spares_callers_group", False):
+        return
+
+    def sparing_callers_group() -> None:
+        exiting = not threading.main_thread().is_alive()  # atexit: the main thread has ended
+        if exiting or not torch.distributed.is_initialized() or torch.distributed.group.WORLD in _ENGINE_GROUPS:
+            destroy_distributed_environment()
+            return
+        destroy_process_group = torch.distributed.destroy_process_group
+
+        def destroy_but_default(group=None) -> None:
+            if group is not None and group is not torch.distributed.group.WORLD:
+                destroy_process_group(group)
+
+        torch.distributed.destroy_process_group = destroy_but_default
+        try:
+            destroy_distributed_environment()
+        finally:
+            torch.distributed.destroy_process_group = destroy_process_group
+
+    sparing_callers_group.spares_callers_group = True
+    parallel_state.destroy_distributed_environment = sparing_callers_group
+
+
 class RolloutEngine:
     """vLLM's offline engine for one model directory, plus weight sync from a training policy."""
 
@@ -262,6 +300,9 @@ class RolloutEngine:
         gc.collect()
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
+        _spare_callers_process_group()
+        callers_group = torch.distributed.is_initialized()
+
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         if not any(isinstance(f, _RotaryReloadWarningFilter) for f in reload_logger.filters):
             reload_logger.addFilter(_RotaryReloadWarningFilter())
@@ -285,6 +326,8 @@ class RolloutEngine:
                 **self._layout_kwargs(config),
                 **self._rank_kwargs(tensor_parallel_size),
             )
+            if not callers_group and torch.distributed.is_initialized():
+                _ENGINE_GROUPS.add(torch.distributed.group.WORLD)
             # In-process engines only: the worker object is what sync_weights hands the tensors to.
             self._worker = self._llm.llm_engine.model_executor.driver_worker.worker
             device = torch.device(self._worker.device)
@@ -300,6 +343,7 @@ class RolloutEngine:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(num_threads)
         self._asleep = False
+        self._weights_dropped = False
 
     # -- start-up -------------------------------------------------------------------------------------------------
 
@@ -346,12 +390,22 @@ class RolloutEngine:
     @staticmethod
     def _rank_kwargs(tensor_parallel_size: int) -> dict:
         """Under torchrun: an engine per rank, in this process, joining the ranks' process group (made before the
-        engine starts, by ``reasonrl.distributed.init_ranks``); with tensor parallelism, a shard of one."""
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tensor_parallel_size}
-        if tensor_parallel_size > 1:
+        engine starts, by ``reasonrl.distributed.init_ranks``); with tensor parallelism, a shard of one. The groups
+        vLLM makes from the caller's group (its tensor-parallel ones) wait as long as it does for a slow rank."""
+        callers_group = torch.distributed.is_initialized() and torch.distributed.group.WORLD not in _ENGINE_GROUPS
+        world_size = torch.distributed.get_world_size() if callers_group else 1
+        if tensor_parallel_size > 1 and world_size == 1:
             raise ValueError("tensor_parallel_size > 1 needs ranks launched by torchrun (python -m reasonrl.launch)")
-        return {}
+        if not callers_group:
+            return {}
+        seconds = math.ceil(process_group_timeout().total_seconds())
+        kwargs = {"distributed_timeout_seconds": seconds, "cpu_distributed_timeout_seconds": seconds}
+        if world_size > 1:
+            kwargs |= {
+                "distributed_executor_backend": "external_launcher",
+                "tensor_parallel_size": tensor_parallel_size,
+            }
+        return kwargs
 
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The tokenizer the engine reads its text prompts with: chat prompts render through its chat template."""
@@ -415,6 +469,11 @@ class RolloutEngine:
             raise ValueError(f"seed must be an integer or None; got {seed!r}")
         if self._asleep:
             raise RuntimeError("the engine is asleep: call wake_up() before generate()")
+        if self._weights_dropped:
+            raise RuntimeError(
+                "the engine dropped its weights when it slept (rollout.sleep_level 2): wake it with the policy "
+                "(wake_up(policy), serving(policy)) or load_weights() before generate()"
+            )
         if isinstance(stop, str):
             raise ValueError(f"stop must be a sequence of strings, e.g. ({stop!r},), not one string")
         if not prompts:
@@ -500,6 +559,7 @@ class RolloutEngine:
     def _reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         with torch.no_grad(), self._on_engine_device():
             self._worker.reload_weights(weights_iterator=iter(weights))
+        self._weights_dropped = False
 
     def _reset_prefix_cache(self) -> None:
         with self._on_engine_device():
@@ -522,11 +582,19 @@ class RolloutEngine:
             self.sleep()
 
     def sleep(self) -> None:
-        """Mark the engine idle while the policy trains; in ``colocate`` with ``enable_sleep`` release its GPU memory
-        (weights to host memory, KV cache dropped)."""
+        """Mark the engine idle while the policy trains; in ``colocate`` with ``enable_sleep`` release its GPU memory:
+        the KV cache dropped, the weights copied to host memory (``rollout.sleep_level`` 1) or dropped (2).
+
+        Dropped weights keep their GPU addresses (vLLM's allocator maps fresh memory back at each wake) and the
+        in-place reload of the next wake refills every one of them, so level 2 saves level 1's two host copies of the
+        weights per generation phase (3.1 GB each way for the 1.5B model in bf16), whose content the reload overwrites
+        anyway. At level 2 every layout then refuses to generate until weights are loaded, as every layout refuses
+        to generate while asleep: the CPU tests hold the loops to loading the policy at every wake."""
         if self._sleep_enabled and not self._asleep:
             with self._on_engine_device():
-                self._llm.sleep(level=_SLEEP_LEVEL)  # GPU-only
+                self._llm.sleep(level=self.config.sleep_level)  # GPU-only
+        if not self._asleep:
+            self._weights_dropped = self.config.sleep_level == 2
         self._asleep = True
 
     def wake_up(self, policy: torch.nn.Module | None = None) -> None:

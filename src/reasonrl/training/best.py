@@ -17,6 +17,22 @@ class HasBest(Protocol):
     best_interval: dict[str, Any] | None
 
 
+def whole_weights(policy: torch.nn.Module, keep: bool, copy: bool = False) -> dict[str, torch.Tensor] | None:
+    """``policy``'s weights whole, LoRA merged (:func:`merged_weights`), on the CPU where ``keep`` (rank 0, which
+    saves them), None elsewhere; ``copy``: never the policy's own tensors, a snapshot that later steps leave alone.
+
+    Every rank must call it, in the same order: under FSDP2 each tensor is gathered from all ranks' shards. A rank
+    that does not keep drops each gathered tensor before the next, so it never holds more than one whole tensor;
+    the keeper moves each to the CPU as it comes, so its GPU does not either.
+    """
+    weights = merged_weights(policy)
+    if keep:
+        return {name: tensor.detach().to("cpu", copy=copy) for name, tensor in weights}
+    for _ in weights:
+        pass
+    return None
+
+
 class BestCheckpoint:
     """Keeps a CPU copy of the weights (LoRA merged) with the highest validation accuracy so far."""
 
@@ -40,13 +56,7 @@ class BestCheckpoint:
         if accuracy <= self.accuracy:
             return False
         self.accuracy, self.step, self.interval = accuracy, step, interval
-        weights = merged_weights(policy)
-        if keep_weights:
-            self.state_dict = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
-        else:
-            self.state_dict = None
-            for _ in weights:  # every rank takes part in the gathers, in the same order; only rank 0 keeps a copy
-                pass
+        self.state_dict = whole_weights(policy, keep_weights, copy=True)
         return True
 
     def save_to(self, state: HasBest) -> None:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from reasonrl.atomic import atomic_write_json
 from reasonrl.cost import CostLedger, write_cost
 from reasonrl.distributed import SINGLE, Ranks
-from reasonrl.lora import merged_weights, trainable_parameter_count
+from reasonrl.lora import trainable_parameter_count
 from reasonrl.model_card import DataFile, gather_provenance, render_card
+from reasonrl.training.best import whole_weights
 from reasonrl.training.checkpoints import checkpoint_lock, remove_checkpoints
 from reasonrl.training.policy import save_policy, start_training
 
@@ -84,14 +85,14 @@ def run_training_stage(
             )
 
         def keep(step: int, best: BestCheckpoint) -> None:
-            weights = dict(merged_weights(policy))  # every rank: gathered from the shards under FSDP2
+            weights = whole_weights(policy, ranks.is_main)  # every rank: gathered from the shards under FSDP2
             if ranks.is_main:
                 checkpoint = f"the policy after {kept_unit} {step}"
                 card = render_card(params, section, checkpoint, best, unit, provenance)
                 save_policy(policy, tokenizer, kept / f"step_{step:06d}", weights, card)
 
         best = run(engine, policy, tokenizer, None if kept is None else keep, ledger)
-        final = dict(merged_weights(policy)) if any(out.final for out in outputs) else None  # every rank, as keep's
+        final = whole_weights(policy, ranks.is_main) if any(out.final for out in outputs) else None  # as keep's
         if not ranks.is_main:
             return None
         with ledger.timed("save"):
