@@ -11,6 +11,8 @@ Each layout runs in its own subprocess (one in-process vLLM engine per process) 
    request from numpy) and checks the samples repeat, and that ``generate`` leaves the caller's numpy state alone;
 4. adds noise to the policy's (tied) embedding only, ``sleep()`` (``colocate``: checks the engine's memory comes back
    to cuda:0), then ``wake_up(policy)``, which loads the new weights between waking the weights and the KV cache;
+   ``--sleep-level 2`` sleeps at vLLM's level 2 (``rollout.sleep_level``: the weights dropped, not copied to host
+   memory), so that step 5 checks that the wake's reload refills them;
 5. compares the engine with the HF policy on ``policy_device()``: greedy continuations token for token (``float32``;
    ``bfloat16`` reports the agreement only, as two kernels' rounding can flip near-ties) and the log-probs of sampled
    tokens (max |diff| below 1e-3 in ``float32``, 0.1 in ``bfloat16``).
@@ -84,6 +86,7 @@ def parse_args() -> argparse.Namespace:
         "--dtype", default=PRODUCTION_DTYPE, choices=sorted(LOGPROB_TOLERANCE), help="engine and policy"
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="the engine's share of its GPU")
+    parser.add_argument("--sleep-level", type=int, default=1, choices=(1, 2), help="rollout.sleep_level (colocate)")
     return parser.parse_args()
 
 
@@ -114,6 +117,7 @@ def drive(args: argparse.Namespace) -> int:
             continue
         command = [sys.executable, __file__, "--layout", layout, "--dtype", args.dtype]
         command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+        command += ["--sleep-level", str(args.sleep_level)]
         if subprocess.run(command, check=False).returncode == 0:
             passed += 1
         else:
@@ -164,7 +168,7 @@ def hf_log_probs(policy, tokenizer, prompt: str, response_ids: list[int], device
     return log_probs[0, len(prompt_ids) - 1 :].float().cpu()  # [R]
 
 
-def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
+def run_layout(layout: str, dtype: str, gpu_memory_utilization: float, sleep_level: int = 1) -> int:
     checks = Checks(layout)
     with tempfile.TemporaryDirectory() as model_dir:
         tokenizer = train_tokenizer(CORPUS, vocab_size=300)
@@ -174,7 +178,9 @@ def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
         # -- start: where does the engine's memory go? ---------------------------------------------------------
         before = [used_gib(index) for index in range(torch.cuda.device_count())]
         start = time.perf_counter()
-        config = EngineConfig(layout=layout, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
+        config = EngineConfig(
+            layout=layout, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level
+        )
         engine = RolloutEngine(model_dir, config)
         engine_index = 0 if layout == "colocate" else int(config.engine_device.split(":")[1])
         checks.info(f"engine started on cuda:{engine_index} in {time.perf_counter() - start:.1f} s ({dtype})")
@@ -214,17 +220,18 @@ def run_layout(layout: str, dtype: str, gpu_memory_utilization: float) -> int:
         with torch.no_grad():
             weight = trained.model.embed_tokens.weight  # [V, d], tied to lm_head
             weight.add_(0.05 * torch.randn(weight.shape, generator=generator, device=device, dtype=weight.dtype))
-        awake = used_gib(0)
+        awake, started = used_gib(0), time.perf_counter()
         engine.sleep()
-        asleep = used_gib(0)
+        asleep, slept = used_gib(0), time.perf_counter()
         engine.wake_up(trained)  # the training loops' order: wake the weights, load the policy's, wake the KV cache
-        woken = used_gib(0)
+        woken, ended = used_gib(0), time.perf_counter()
         if layout == "colocate":
             share = gpu_memory_utilization * torch.cuda.mem_get_info(0)[1] / 2**30
             checks.check(
                 awake - asleep > 0.5 * share and woken - asleep > 0.5 * share,
-                f"sleep() released {awake - asleep:.1f} GiB of cuda:0 (engine share {share:.1f} GiB), "
-                f"wake_up(policy) took {woken - asleep:.1f} GiB back",
+                f"sleep() at level {sleep_level} released {awake - asleep:.1f} GiB of cuda:0 (engine share "
+                f"{share:.1f} GiB) in {slept - started:.2f} s, wake_up(policy) took {woken - asleep:.1f} GiB back in "
+                f"{ended - slept:.2f} s",
             )
         else:
             checks.check(abs(awake - asleep) < 0.5, "sleep() leaves cuda:0 alone (the engine lives on its own GPU)")
@@ -270,7 +277,7 @@ def main() -> int:
     args = parse_args()
     if args.layout is None:
         return drive(args)
-    return run_layout(args.layout, args.dtype, args.gpu_memory_utilization)
+    return run_layout(args.layout, args.dtype, args.gpu_memory_utilization, args.sleep_level)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,8 @@ def test_repository_params_are_valid_full_scale(params_file):
             "eval.test_sets\\[0\\].sha256: required for each test set: the file's SHA-256 as 64 lowercase",
         ),
         ({"eval": {"test_sets": [{**TEST_SET, "answer_field": 3}]}}, "eval.test_sets\\[0\\].answer_field: must be str"),
+        ({"distributed": {"timeout_minutes": 0}}, "distributed.timeout_minutes: must be a positive number of minutes"),
+        ({"rollout": {"sleep_level": 3}}, r"rollout.sleep_level: must be 1 \(weights to host memory\) or 2"),
         # Stale rollouts and their truncated importance-sampling correction.
         ({"grpo": {"max_staleness": -1}}, "grpo.max_staleness: must be ≥ 0 .*got -1"),
         ({"grpo": {"max_staleness": True}}, "grpo.max_staleness: must be int"),
@@ -184,6 +186,10 @@ def test_repository_params_are_valid_full_scale(params_file):
         (
             {"grpo": {"rollout_is_cap": 2.0, "old_log_probs_from": "engine"}},
             "grpo.old_log_probs_from: must be policy with grpo.rollout_is_cap 2.0: .*weight would always be 1",
+        ),
+        (
+            {"grpo": {"max_staleness": 1, "rollout_is_cap": 2.0}, "rollout": {"sleep_level": 2}},
+            "rollout.sleep_level: must be 1 with grpo.max_staleness 1 > 0: the engine's process loads each weight",
         ),
         (
             {"grpo": {"max_staleness": 1, "rollout_is_cap": 2.0}, "rollout": {"layout": "colocate"}},

@@ -9,7 +9,8 @@ Layouts (``EngineConfig.layout``):
 
 - ``cpu``: engine and policy on the CPU (tests, the CPU demo). The KV cache takes ``cpu_kv_cache_gib``.
 - ``colocate``: engine and policy share ``cuda:0``; the engine takes ``gpu_memory_utilization`` of the GPU and,
-  with ``enable_sleep``, releases it (weights to host memory, KV cache dropped) while the policy trains.
+  with ``enable_sleep``, releases it (KV cache dropped, weights copied to host memory or, at ``sleep_level`` 2,
+  dropped too) while the policy trains.
 - ``split``: the engine owns ``engine_device`` (``cuda:1``), the policy ``cuda:0``; calls into vLLM run with the
   engine's GPU current, everything else with the policy's.
 
@@ -255,10 +256,14 @@ def _spare_callers_process_group() -> None:
         return
 
     def sparing_callers_group() -> None:
-        exiting = not threading.main_thread().is_alive()  # atexit: the main thread has ended
+        # At exit (the finalizers atexit runs, after the main thread has ended) the group may go as it always did:
+        # torch's NCCL warns about a group left undestroyed.
+        exiting = not threading.main_thread().is_alive()
         if exiting or not torch.distributed.is_initialized() or torch.distributed.group.WORLD in _ENGINE_GROUPS:
             destroy_distributed_environment()
             return
+        # vLLM's function has no way to keep the default group: for its length, torch's destroy passes over the
+        # default group alone (vLLM names each of its own groups, which still go).
         destroy_process_group = torch.distributed.destroy_process_group
 
         def destroy_but_default(group=None) -> None:
