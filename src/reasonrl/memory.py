@@ -17,7 +17,9 @@ after every step (``zero_grad(set_to_none=True)``), so the next step's accumulat
 buckets (as torch documents under DDP's ``batched_grad_copy``). FSDP2 shards weights, gradients and AdamW state, but
 gathers the root (embeddings and final norm, kept unsharded from forward to backward) and a decoder layer at a time
 (two with the next one prefetched) and holds that layer's unsharded gradient; autocast's bf16 copies, cast from the
-gathered layers and saved for the backward pass, are whole.
+gathered layers and saved for the backward pass, are whole. What a stage saves (kept policies, the final and best
+weights, checkpoints) every rank gathers a tensor at a time, and only rank 0 keeps each, in host memory
+(:func:`reasonrl.training.best.whole_weights`): no more than the gathered layers' room on any GPU.
 
 Activations per token of a decoder layer are ``(10·hidden + 4·intermediate) × 2`` bytes (bf16; × 1.25 for ``mixed``,
 whose residual stream and norms stay fp32), or ``hidden × 2`` with gradient checkpointing, which keeps only each

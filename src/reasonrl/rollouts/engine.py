@@ -83,7 +83,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 _ENGINE_GROUPS: weakref.WeakSet = weakref.WeakSet()
-"""Default process groups that vLLM made as an engine started (none existed before): its to destroy."""
+"""Default process groups vLLM made itself as an engine started (none existed before): the only ones its teardown may
+destroy mid-run (:func:`_spare_callers_process_group`)."""
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ class RolloutEngine:
         from vllm import LLM  # imported after the environment is set: vLLM reads some variables at import
 
         _spare_callers_process_group()
-        callers_group = torch.distributed.is_initialized()
+        callers_group = torch.distributed.is_initialized()  # the ranks' (init_ranks), before vLLM makes any
 
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         if not any(isinstance(f, _RotaryReloadWarningFilter) for f in reload_logger.filters):
