@@ -307,8 +307,8 @@ def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
     """``function`` with every result checked as it is computed: the probes of :func:`check_reward` cannot find a
     NaN that only long responses get, and one reaching GRPO's advantages would be blamed on the learning rate. A
     breach, an exception or (a user's function) a call past :data:`REWARD_SECONDS` raises :class:`RewardError`
-    naming ``param`` and the response. The wrapper takes an
-    ``info`` keyword (default None), which it passes on only to a function that takes it (:func:`takes_info`)."""
+    naming ``param`` and the response. The wrapper takes an ``info`` keyword (default None), which it passes on only
+    to a function that takes it (:func:`takes_info`)."""
 
     with_info, bounded = takes_info(function), not is_built_in(spec)
 
