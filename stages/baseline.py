@@ -3,14 +3,13 @@
 import time
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.cost import CostLedger, write_cost
 from reasonrl.data import load_gsm8k
 from reasonrl.evaluation import evaluate
+from reasonrl.models import load_tokenizer
 from reasonrl.prompts import check_prompt
 from reasonrl.rollouts.engine import RolloutEngine
 
@@ -27,7 +26,7 @@ def main() -> None:
     params = load_params(args.params)
     test = load_gsm8k(Path(args.data) / "test.jsonl")
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model)
     for name in params.baseline.prompts:
         check_prompt(name, "baseline.prompts", tokenizer, args.model)
     ledger = CostLedger()

@@ -4,13 +4,12 @@ verified-correct (filtered: the reference response earns reward 1 from ``rewards
 import statistics
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from reasonrl.atomic import atomic_directory, atomic_write_json, atomic_write_jsonl
 from reasonrl.cli import run_stage, stage_parser
 from reasonrl.config import load_params
 from reasonrl.cot_filter import drop_counts, make_sft_pairs, require_kept
 from reasonrl.data import load_gsm8k
+from reasonrl.models import load_tokenizer
 from reasonrl.prompts import check_prompt
 
 
@@ -35,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     prompt = params.sft.prompt
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(args.model)
     check_prompt(prompt, "sft.prompt", tokenizer, args.model)
     pairs = make_sft_pairs(load_gsm8k(Path(args.data) / "train.jsonl"), prompt, tokenizer, params.rewards.specs)
     require_kept(pairs, prompt, params.rewards.specs)

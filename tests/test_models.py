@@ -1,15 +1,17 @@
 """prepare_model: the tiny model, a local directory, and a clear error for an unreachable hub id."""
 
 import json
+import re
 import shutil
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reasonrl.config import TINY_MIN_VOCAB, TinyModelSpec, load_params
+from reasonrl.config import TINY_MIN_VOCAB, EngineConfig, GRPOConfig, TinyModelSpec, load_params
 from reasonrl.data import GSM8KExample
-from reasonrl.models import ModelSourceError, prepare_base_model, tokenizer_corpus
+from reasonrl.models import ModelSourceError, load_tokenizer, prepare_base_model, tokenizer_corpus
 from reasonrl.tiny_model import TAG_TOKENS, train_tokenizer
+from reasonrl.training.policy import start_training
 
 EXAMPLES = [GSM8KExample("Tom has 3 cards and gets 4 more. How many?", "3 + 4 = 7", "7")] * 20
 
@@ -102,6 +104,25 @@ def test_a_linked_model_directory_is_refused(tmp_path, tiny_model_dir):
     with pytest.raises(ModelSourceError, match=f"^{tmp_path / 'link'}: a symbolic link"):
         prepare_base_model(str(tmp_path / "link"), TinyModelSpec(), 0, [], tmp_path / "out" / "base")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_directory_without_its_tokenizer_is_refused_before_the_engine_starts(tmp_path, tiny_model_dir):
+    """A trained model copied without its tokenizer's files: transformers makes an empty tokenizer from the config
+    alone, and the stage stopped at its first generation, inside vLLM, after the engine's start. The training stages
+    (start_training) and baseline and filter_cots (load_tokenizer) refuse it first, naming the files and the model."""
+    bare = tmp_path / "trained"
+    shutil.copytree(tiny_model_dir, bare)
+    for file in [*bare.glob("tokenizer*"), bare / "chat_template.jinja"]:
+        file.unlink()
+    message = (
+        rf"^{re.escape(str(bare))}: the model has no tokenizer, none of tokenizer.json, tokenizer.model, vocab.json"
+    )
+    engine = EngineConfig(cpu_kv_cache_gib=1, max_model_len=1024, enforce_eager=True)
+    with pytest.raises(ModelSourceError, match=message):
+        start_training(bare, GRPOConfig(), "grpo", engine)
+    with pytest.raises(ModelSourceError, match=message):
+        load_tokenizer(bare)
+    assert len(load_tokenizer(tiny_model_dir)) == len(AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
 def test_tiny_vocabulary_floor_is_what_the_tokenizer_holds_at_least():

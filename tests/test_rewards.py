@@ -4,13 +4,16 @@ declared as those stages' dep and hashed into GRPO's resume fingerprint."""
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from reasonrl import rewards
 from reasonrl.code_deps import import_closure, source_file
 from reasonrl.config import ConfigError, EngineConfig, EvalConfig, GRPOConfig, load_params
 from reasonrl.cot_filter import make_sft_pairs
@@ -175,6 +178,69 @@ def test_a_reward_that_breaks_its_contract_at_run_time_is_named_with_the_respons
         RewardError, match=r"^rewards.r1_zero \(rewards.mine:crashing\) raised OverflowError: too long on the response"
     ):
         crashing(long, "4")
+
+
+HANGING = """
+import time
+
+
+def sleeps(response, ground_truth):
+    time.sleep(3600)
+
+
+def hangs_on_long(response, ground_truth):
+    if len(response) > 200:
+        time.sleep(3600)
+    return {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
+
+
+def swallows(response, ground_truth):
+    try:
+        time.sleep(3600)
+    except BaseException:
+        pass
+    return {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
+"""
+BOUND = 0.5
+"""Seconds a user's reward may take in these tests (``reasonrl.rewards.REWARD_SECONDS``)."""
+
+
+def test_a_reward_that_never_returns_is_refused_when_params_load_within_its_bound(other_tree, monkeypatch):
+    """The probes run it within the bound: params load names it, where the stage used to wait forever, silently."""
+    monkeypatch.setattr(rewards, "REWARD_SECONDS", BOUND)
+    (other_tree / "rewards/mine.py").write_text(HANGING)
+    started = time.monotonic()
+    message = r"^rewards.mine:sleeps did not return within 0.5 s on the probe \('2 \+ 2 = 4 </think> <answer> 4"
+    with pytest.raises(RewardSpecError, match=message):
+        check_reward("rewards.mine:sleeps", other_tree)
+    assert time.monotonic() - started < BOUND + 1.0
+
+
+def test_a_reward_that_hangs_on_a_response_stops_grading_naming_it_and_the_response(other_tree, monkeypatch):
+    """It passes the probes (short responses) and hangs on a long one: grading stops within the bound with the param,
+    the function and the response; one that swallows the timeout and returns is stopped all the same. The timer and
+    the signal's handler are as they were after each call, and the bounded reward goes on grading."""
+    from reasonrl.losses import compute_group_normalized_rewards
+
+    monkeypatch.setattr(rewards, "REWARD_SECONDS", BOUND)
+    (other_tree / "rewards/mine.py").write_text(HANGING)
+    handler = signal.getsignal(signal.SIGALRM)
+    check_reward("rewards.mine:hangs_on_long", other_tree)
+    reward = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:hangs_on_long"}, other_tree)
+    long = "Let me think step by step. " * 20 + "</think> <answer> 4 </answer>"
+    message = (
+        r"^rewards.r1_zero \(rewards.mine:hangs_on_long\) did not return within 0.5 s on the response "
+        r"'Let me think step by step\. .*' … '.*</answer>' \(569 characters\) with ground truth '4'$"
+    )
+    started = time.monotonic()
+    with pytest.raises(RewardError, match=message):
+        compute_group_normalized_rewards(reward, ["short", long], ["4", "4"], 2, 1e-6, normalize_by_std=True)
+    assert time.monotonic() - started < BOUND + 1.0
+    swallows = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:swallows"}, other_tree)
+    with pytest.raises(RewardError, match=r"\(rewards.mine:swallows\) did not return within 0.5 s on the response 'x'"):
+        swallows("x", "4")
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert reward("short", "4")["reward"] == 1.0
 
 
 WITH_INFO = """

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from reasonrl.atomic import atomic_directory
@@ -43,13 +44,30 @@ def validate_model_dir(path: Path) -> None:
     missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         missing.append("*.safetensors (weights)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(path):
         missing.append("tokenizer.json (tokenizer)")
     if missing:
         raise ModelSourceError(f"{path}: not a Hugging Face model directory, missing {', '.join(missing)}")
     _check_config(path / "config.json")
     for weights in sorted(path.glob("*.safetensors")):
         _check_safetensors(weights)
+
+
+def has_tokenizer(path: Path) -> bool:
+    """Whether ``path`` holds the files of a tokenizer: one of :data:`TOKENIZER_FILES`."""
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model in ``model_dir``, refused when its files are missing: transformers would make an
+    empty one from the config alone, which reads every prompt as no tokens, and the stage would stop at its first
+    generation, after the engine's start, inside vLLM ("The decoder prompt cannot be empty")."""
+    if not has_tokenizer(Path(model_dir)):
+        raise ModelSourceError(
+            f"{model_dir}: the model has no tokenizer, none of {', '.join(TOKENIZER_FILES)}; copy its tokenizer's "
+            f"files from the model it was made from"
+        )
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def _refuse_links(path: Path) -> None:

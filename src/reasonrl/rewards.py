@@ -14,6 +14,12 @@ response's token count, whether it was cut at the budget, the budget) where GRPO
 None where a stage measures (evaluation, the SFT filter, expert iteration), so a length-shaped reward never counts
 a right answer wrong. A function without it is called as before.
 
+A user's function gets :data:`REWARD_SECONDS` of wall clock per response, kept by a SIGALRM timer (a function that
+sleeps or waits uses no CPU time): past it, the stage stops with an error naming the function and the response, where
+it would otherwise wait forever, silently (GRPO's trainer "waiting for its reply" from an engine stuck grading). A
+signal reaches the main thread only, which is where every stage, and the engine's own process, grades. The built-ins
+are not bounded so: math-verify's verdicts keep their own bound (:mod:`reasonrl.symbolic`).
+
 The package is loaded from this tree's ``rewards/`` by file location, never found on ``sys.path``: a queued DVC
 experiment runs in a copy of the repository, and its reward must be the copy's (the one its dvc.yaml deps hash),
 not one installed or in the checkout a process happened to start from. The tree is the one ``reasonrl`` itself was
@@ -28,8 +34,11 @@ import importlib
 import importlib.util
 import inspect
 import math
+import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +68,9 @@ class ResponseInfo:
     """The token budget it was sampled with (``grpo.max_tokens``)."""
 
 
+REWARD_SECONDS = 10.0
+"""The wall-clock bound of one call of a user's reward function: grading one response. A reward that runs past it
+stops the stage (a reward that took seconds per response would take hours per GRPO step anyway)."""
 PACKAGE = "rewards"
 """The package of users' reward modules, at the repository root: dvc.yaml's grading stages depend on it whole."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +86,11 @@ well-formed, wrong with a whole GSM8K answer field as the truth, and empty."""
 PROBE_INFOS = (None, ResponseInfo(tokens=8, truncated=True, max_tokens=8))
 """What a function that takes ``info`` is probed with on each probe: a measuring stage's None, and a response cut
 at its budget."""
+
+
+class RewardTimeout(BaseException):
+    """A user's reward function ran past :data:`REWARD_SECONDS`. A BaseException, so that no ``except Exception``
+    in the function swallows it and keeps it waiting."""
 
 
 class RewardSpecError(ValueError):
@@ -153,6 +170,11 @@ def rewards_for(answer_format: str, rewards: Mapping[str, str]) -> dict[str, str
     return {prompt: MATH_VERIFY if spec in REWARD_FNS else spec for prompt, spec in rewards.items()}
 
 
+def is_built_in(spec: str) -> bool:
+    """Whether ``spec`` names a built-in reward (this package's code) rather than a user's function."""
+    return spec in REWARD_FNS or spec == MATH_VERIFY
+
+
 def reward_fn(spec: str, root: Path = ROOT, prompt: str | None = None, extraction: str = ANSWER) -> RewardFn:
     """The function ``spec`` names: a key of :data:`~reasonrl.prompts.REWARD_FNS` (looked up on each call),
     :data:`MATH_VERIFY` (for ``prompt``, reading answers as ``extraction`` says), or ``rewards.<module>:<function>``
@@ -205,15 +227,15 @@ def takes_info(function: RewardFn) -> bool:
 
 
 def check_reward(spec: str, root: Path = ROOT, prompt: str | None = None) -> RewardFn:
-    """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`), each with every one of
-    :data:`PROBE_INFOS` when it takes ``info``."""
-    function = reward_fn(spec, root, prompt)
+    """:func:`reward_fn`, after probing it on :data:`PROBES` (:func:`contract_breach`; a user's function within
+    :data:`REWARD_SECONDS` each), each with every one of :data:`PROBE_INFOS` when it takes ``info``."""
+    function, bounded = reward_fn(spec, root, prompt), not is_built_in(spec)
     calls = [{INFO_KEYWORD: info} for info in PROBE_INFOS] if takes_info(function) else [{}]
     for response, ground_truth in PROBES:
         for keywords in calls:
             shown = "".join(f", {INFO_KEYWORD}={info!r}" for info in keywords.values())
             on = f"on the probe ({response!r}, {ground_truth!r}{shown})"
-            graded(function, response, ground_truth, spec, on, RewardSpecError, **keywords)
+            graded(function, response, ground_truth, spec, on, RewardSpecError, bounded, **keywords)
     return function
 
 
@@ -224,18 +246,54 @@ def graded(
     where: str,
     on: str,
     error: type[ValueError],
+    bounded: bool,
     **keywords: ResponseInfo | None,
 ) -> dict[str, float]:
     """``function(response, ground_truth, **keywords)``, or ``error`` naming ``where`` and ``on`` (which call) when it
-    raises or breaks its contract (:func:`contract_breach`)."""
+    raises, breaks its contract (:func:`contract_breach`) or, ``bounded``, runs past :data:`REWARD_SECONDS`."""
+    seconds = REWARD_SECONDS
     try:
-        result = function(response, ground_truth, **keywords)
+        with wall_clock_bound(seconds if bounded else None):
+            result = function(response, ground_truth, **keywords)
+    except RewardTimeout:
+        raise error(f"{where} did not return within {seconds:g} s {on}") from None
     except Exception as exception:
         raise error(f"{where} raised {type(exception).__name__}: {exception} {on}") from exception
     breach = contract_breach(result)
     if breach:
         raise error(f"{where} {breach} {on}")
     return result
+
+
+@contextmanager
+def wall_clock_bound(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`RewardTimeout` inside the block once ``seconds`` have passed (None: no bound), or as it ends if
+    the code inside caught the first one."""
+    if seconds is None:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("a user's reward function is bounded with SIGALRM, which only the main thread receives")
+    armed, expired = True, False
+
+    def expire(signum: int, frame: object) -> None:
+        nonlocal expired
+        expired = True
+        if armed:
+            raise RewardTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)  # once: the timer can fire at most once, wherever it lands
+    try:
+        yield
+    finally:
+        try:
+            armed = False
+        finally:  # even when the timer fires on the way out
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if expired:
+        raise RewardTimeout
 
 
 def shorten(text: str, head: int = 120, tail: int = 60) -> str:
@@ -248,16 +306,17 @@ def shorten(text: str, head: int = 120, tail: int = 60) -> str:
 def checked(function: RewardFn, param: str, spec: str) -> RewardFn:
     """``function`` with every result checked as it is computed: the probes of :func:`check_reward` cannot find a
     NaN that only long responses get, and one reaching GRPO's advantages would be blamed on the learning rate. A
-    breach or an exception raises :class:`RewardError` naming ``param`` and the response. The wrapper takes an
-    ``info`` keyword (default None), which it passes on only to a function that takes it (:func:`takes_info`)."""
+    breach, an exception or (a user's function) a call past :data:`REWARD_SECONDS` raises :class:`RewardError`
+    naming ``param`` and the response. The wrapper takes an ``info`` keyword (default None), which it passes on only
+    to a function that takes it (:func:`takes_info`)."""
 
-    with_info = takes_info(function)
+    with_info, bounded = takes_info(function), not is_built_in(spec)
 
     @functools.wraps(function)
     def checked_reward(response: str, ground_truth: str, info: ResponseInfo | None = None) -> dict[str, float]:
         on = f"on the response {shorten(response)} with ground truth {shorten(ground_truth)}"
         keywords = {INFO_KEYWORD: info} if with_info else {}  # a function without the keyword is called as before
-        return graded(function, response, ground_truth, f"{param} ({spec})", on, RewardError, **keywords)
+        return graded(function, response, ground_truth, f"{param} ({spec})", on, RewardError, bounded, **keywords)
 
     return checked_reward
 
@@ -275,7 +334,7 @@ def prompt_reward(
 def user_code_digest(spec: str, root: Path = ROOT) -> str | None:
     """SHA-256 over the ``.py`` files of ``root/rewards`` by relative name and content when ``spec`` is a user's
     (the module may import its neighbours); None for a built-in, whose code the stage's own code digest holds."""
-    if spec in REWARD_FNS or spec == MATH_VERIFY:
+    if is_built_in(spec):
         return None
     directory = root / PACKAGE
     digest = hashlib.sha256()

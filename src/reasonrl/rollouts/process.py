@@ -12,6 +12,12 @@ while it polls the engine's process and its replies: a death or a failure there 
 the engine's traceback when it left one, and the channel is aborted (NCCL's ``wait()`` only orders the CUDA stream:
 it would never raise). The engine's process dies with the trainer's (``PR_SET_PDEATHSIG``), whatever it is doing.
 
+A dead engine leaves nothing that outlasts the trainer's error. The requests it never read are dropped (a
+:class:`Setup` carries the train set, more than a pipe holds: the queue's thread would be writing it forever, and
+Python's exit waits for that thread). The engine's process has a resource tracker of its own, which removes the
+semaphores a killed engine leaves (vLLM's, tqdm's) and says so on stderr: the trainer waits for it, so that its
+error is the last line, not the tracker's warning at the trainer's exit.
+
 Requests and replies are pickled by :mod:`multiprocessing`; both ends are this package in processes it started.
 """
 
@@ -36,6 +42,12 @@ import torch
 from reasonrl.errors import UserError
 from reasonrl.memory import check_gpus
 from reasonrl.rollouts.channel import ENGINE, POLL_SECONDS, TRAINER, WeightChannel, WeightLayout, pack
+
+RESOURCE_TRACKER = "engine/resource_tracker"
+"""The store's key of the PID of the engine's resource tracker (:func:`own_resource_tracker`)."""
+ENDS_WITHIN = 10.0
+"""Seconds an engine that reported a failure may take to end, and its resource tracker after it, before the trainer
+goes on without them (the engine is killed)."""
 
 if TYPE_CHECKING:
     from reasonrl.config import EngineConfig
@@ -125,7 +137,9 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
             # GPU-only: the engine's GPU current from the start, so that neither the channel nor RolloutEngine (which
             # records the current GPU as the policy's, and makes it current again) opens a context on the trainer's.
             torch.cuda.set_device(device)
-        channel = WeightChannel(WeightChannel.join(port), ENGINE, device)  # before vLLM: the trainer waits here
+        store = WeightChannel.join(port)
+        own_resource_tracker(store)  # before anything here makes a semaphore
+        channel = WeightChannel(store, ENGINE, device)  # before vLLM: the trainer waits here
         if threads is not None:
             torch.set_num_threads(threads)
         from reasonrl.rollouts.engine import RolloutEngine
@@ -154,6 +168,21 @@ def serve(model_dir: str, config: EngineConfig, port: int, threads: int | None, 
     except BaseException:
         replies.put(Failed(traceback.format_exc()))
         raise
+
+
+def own_resource_tracker(store: torch.distributed.Store) -> None:
+    """Replace the resource tracker this process shares with the trainer's (spawn hands it down) by one of its own,
+    and publish its PID under :data:`RESOURCE_TRACKER`. A tracker reports the semaphores still registered when all
+    its processes have ended, and removes them: the shared one would report those of a killed engine only once the
+    trainer has exited, after the trainer's error; this one does as the engine dies, and the trainer waits for it."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker  # the module's own, behind resource_tracker.register
+    if tracker._fd is not None:
+        os.close(tracker._fd)  # the trainer's tracker, as spawn passed it
+        tracker._fd, tracker._pid = None, None
+    tracker.ensure_running()
+    store.set(RESOURCE_TRACKER, str(tracker._pid))
 
 
 def _next_request(requests) -> Setup | LoadWeights | Draw | Validate | Stop | None:
@@ -233,6 +262,8 @@ class RolloutProcess:
     _awaited: int = field(init=False, repr=False, default=0)
     """Requests sent that have not been answered yet."""
     _transfers: list[_Threaded] = field(init=False, repr=False, default_factory=list)
+    _tracker: int | None = field(init=False, repr=False, default=None)
+    """The PID of the engine's resource tracker (:func:`own_resource_tracker`), once the channel is joined."""
 
     def __post_init__(self) -> None:
         from reasonrl.rollouts.engine import RolloutEngine
@@ -259,6 +290,7 @@ class RolloutProcess:
             joining = _Threaded(lambda: WeightChannel(store, TRAINER, self.policy_device()), None)
             self._watch(lambda: joining.done, "joining the weight channel", joining)
             self._channel = joining.result
+            self._tracker = int(store.get(RESOURCE_TRACKER))  # set before the engine joined
         except BaseException:
             if self._process.is_alive():  # stuck in its half of the channel, it would never read a Stop
                 self._process.kill()
@@ -333,7 +365,21 @@ class RolloutProcess:
 
     def _fail(self, message: str) -> None:
         self.abort()
+        self._bury(ENDS_WITHIN)
         raise EngineProcessError(message)
+
+    def _bury(self, grace: float) -> None:
+        """Once the engine reads no more requests (it died, failed, or was sent :class:`Stop`): wait ``grace``
+        seconds for its process to end (then kill it), and for its resource tracker after it, so that nothing it
+        writes comes after the trainer's error. The requests it never read are dropped at exit: the queue's thread
+        may be blocked writing one to a reader that is gone, and Python's exit would join that thread forever."""
+        self._process.join(timeout=grace)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        if self._tracker is not None:
+            _wait_for_end(self._tracker, ENDS_WITHIN)
+        self._requests.cancel_join_thread()
 
     def abort(self) -> None:
         """Tear the weight channel down (a transfer blocked on the engine ends)."""
@@ -344,10 +390,7 @@ class RolloutProcess:
         """Stop the engine's process (once it took the weights still on their way), then the channel."""
         if self._process.is_alive():
             self._requests.put(Stop())
-            self._process.join(timeout=60)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        self._bury(grace=60)
         self.abort()
 
     def __enter__(self) -> RolloutProcess:
@@ -355,6 +398,19 @@ class RolloutProcess:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _wait_for_end(pid: int, seconds: float) -> None:
+    """Wait up to ``seconds`` for process ``pid`` (not a child of this one) to end: gone, or a zombie."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state == "Z":
+            return
+        time.sleep(POLL_SECONDS)
 
 
 def start_engine(

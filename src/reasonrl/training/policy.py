@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from reasonrl.atomic import atomic_directory, atomic_write_text
 from reasonrl.distributed import SINGLE, Ranks
 from reasonrl.lora import add_lora, check_lora_targets, merged_weights, trainable_parameter_count
 from reasonrl.memory import MemoryPlan, check_gpu_memory
-from reasonrl.models import MODEL_CARD, policy_dtype
+from reasonrl.models import MODEL_CARD, load_tokenizer, policy_dtype
 from reasonrl.prompts import check_prompt
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def load_policy(
     """The policy on ``device`` in the dtype of ``precision`` (see :func:`reasonrl.models.policy_dtype`), with LoRA
     adapters when ``lora.lora_rank`` > 0."""
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=policy_dtype(device, precision)).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return prepare_for_training(policy, gradient_checkpointing, lora), tokenizer
@@ -71,7 +71,7 @@ def start_training(
     plan (None on the CPU)."""
     from reasonrl.rollouts.process import start_engine  # not at the top: training alone (the GPU bench) needs no vLLM
 
-    check_prompt(config.prompt, f"{section}.prompt", AutoTokenizer.from_pretrained(model_dir), model_dir)
+    check_prompt(config.prompt, f"{section}.prompt", load_tokenizer(model_dir), model_dir)
     check_lora_targets(model_dir, config.lora, section)
     plan = check_gpu_memory(model_dir, config, section, rollout, policy_shards)
     if plan:
