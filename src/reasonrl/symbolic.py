@@ -125,9 +125,8 @@ def _parsed(text: str, extraction_mode: str = "any_match") -> list:
     """math-verify's readings of ``text`` as sympy objects (no fallback strings); [] when it finds none.
     ``extraction_mode``: math-verify's; ``first_match`` stops at the first candidate, parsed or not."""
     parse, _, configs = _math_verify()
-    return parse(
-        text, extraction_config=configs, fallback_mode="no_fallback", extraction_mode=extraction_mode, parsing_timeout=None
-    )
+    modes = {"fallback_mode": "no_fallback", "extraction_mode": extraction_mode}
+    return parse(text, extraction_config=configs, parsing_timeout=None, **modes)
 
 
 def read_whole(text: str) -> list:
