@@ -16,8 +16,9 @@ the main thread only, which is where every stage grades; anywhere else :func:`ve
 A formula is read whole or not at all: math-verify, left to itself, tries each candidate a text holds, the whole
 formula first and then pieces of it, and keeps the first that parses, so a gold answer it cannot read whole would be
 read as a piece of it (``\\max at x=2, min at x=4`` as 4, ``\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}`` as 2/3). A
-ground truth is read in its first-match mode, which stops at the whole formula (:func:`read_whole`); an answer is read
-both ways. Before that, both are written the way math-verify reads them (:func:`as_formula`).
+ground truth is read in its first-match mode, which stops at the whole formula (:func:`read_whole`), after writing it
+the way math-verify reads a formula (:func:`as_formula`: ``62.5\\%`` as ``62.5``); an answer is read that way too,
+then as written (:func:`answer_readings`), so that the gold itself, given as the answer, is right.
 
 math-verify and sympy load in seconds, so they are imported on first use: a run that grades no LaTeX never loads
 them.
@@ -40,7 +41,6 @@ GRADING_SECONDS = 3.0
 """The CPU-time bound of one verdict: reading the response's answer and comparing it with the ground truth (whose own
 parse, cached, is bounded alike). A MATH answer takes some 20-50 ms, 0.3 s when sympy first meets a kind of
 expression."""
-LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 _timeouts = 0
 
 
@@ -146,14 +146,13 @@ def parse_gold(gold: str) -> tuple:
     return tuple(read_whole(gold.rpartition(ANSWER_DELIMITER)[2].strip()))
 
 
-def parse_answer(answer: str) -> list:
-    """A response's answer text read as written and, when it has no LaTeX delimiters, also as one formula, as a
-    ground truth is read (:func:`read_whole`: bare ``(3, \\frac{\\pi}{2})`` reads whole only so, ``18 dollars``
-    only as written, a matrix written over several lines both ways): a verdict takes either."""
-    readings = _parsed(answer)
-    if not any(delimiter in answer for delimiter in LATEX_DELIMITERS):
-        readings += read_whole(answer)
-    return readings
+def answer_readings(answer: str) -> Iterator[list]:
+    """A response's answer text read whole, as a ground truth is (:func:`read_whole`: bare ``(3, \\frac{\\pi}{2})``
+    reads whole only so, and a ground truth given as the answer reads as itself), then as written, where math-verify
+    finds the answer among other text (``18 dollars``, ``So it is $\\frac{1}{2}$``): a verdict takes either. Lazily:
+    a verdict that the first settles never spends time on the second."""
+    yield read_whole(answer)
+    yield _parsed(answer)
 
 
 def gold_parses(gold: str, seconds: float | None = None) -> bool:
@@ -179,7 +178,8 @@ def verdict(answer: str | None, gold: str, seconds: float | None = None) -> Verd
         with time_bound(seconds):
             golds = list(parse_gold(gold))
         with time_bound(seconds):
-            return Verdict(verify(golds, parse_answer(answer), timeout_seconds=None))
+            readings = answer_readings(answer)
+            return Verdict(any(verify(golds, reading, timeout_seconds=None) for reading in readings if reading))
     except GradingTimeout:
         _timeouts += 1
         return Verdict(False, timed_out=True)
