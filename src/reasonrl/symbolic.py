@@ -105,8 +105,9 @@ _PERCENT = re.compile(r"\\?%")
 # "-1./3": a numeral's point right before a fraction's slash.
 _POINT_BEFORE_SLASH = re.compile(r"(?<=[0-9])\.(?=/)")
 _LEADING_APPROX = re.compile(r"\\approx(?![A-Za-z])")
-# A word of prose: three letters or more, not a command's name ("\\sqrt") nor a braced argument ("{array}", "{min}").
-_WORD = re.compile(r"(?<![\\{A-Za-z])[A-Za-z]{3,}+(?!})")
+# A word of prose ("No", "solution"): two letters or more, not a command's name ("\\sqrt") nor a braced argument
+# ("{array}", "{min}").
+_WORD = re.compile(r"(?<![\\{A-Za-z])[A-Za-z]{2,}+(?!})")
 
 
 def as_formula(text: str) -> str:
