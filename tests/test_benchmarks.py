@@ -134,13 +134,13 @@ def test_a_gold_is_kept_when_its_grader_reads_all_of_it(records, name, line, kep
 
 
 def test_every_gold_kept_over_several_lines_is_graded_right_against_itself(records):
-    """college_math writes matrices and pairs of solutions over several lines: the gold itself, boxed by a model as
-    its answer, is right."""
+    """college_math writes matrices and pairs of solutions over several lines (59 of the golds kept): the gold
+    itself, boxed by a model as its answer, is right. Every fourth of them, spread over the file (all 59 take 12 s)."""
     benchmark = BENCHMARKS["college_math"]
     reward = prompt_reward("question_only", {"question_only": MATH_VERIFY}, extraction=benchmark.extraction)
     golds = [record.gold for record in records["college_math"] if record.problem is None and "\n" in record.gold]
-    assert len(golds) > 50
-    assert [gold for gold in golds if reward(f"So it is $\\boxed{{{gold}}}$.", gold)["reward"] != 1.0] == []
+    assert len(golds) == 59
+    assert [gold for gold in golds[::4] if reward(f"So it is $\\boxed{{{gold}}}$.", gold)["reward"] != 1.0] == []
 
 
 def test_the_docs_state_what_each_benchmark_leaves_out(records):
