@@ -10,6 +10,7 @@ import pytest
 
 from reasonrl.grading import (
     MAX_NUMERAL_CHARS,
+    ROUNDED_GOLD_PLACES,
     answers_match,
     extract_answer_block,
     has_r1_zero_format,
@@ -19,6 +20,7 @@ from reasonrl.grading import (
     parse_number,
     question_only_reward_fn,
     r1_zero_reward_fn,
+    rounds_to,
 )
 
 TEN_TO_50 = "1" + "0" * 50
@@ -163,6 +165,93 @@ def test_ground_truth_as_gsm8k_answer_field(reward_fn, response, reward):
     assert reward_fn(response, GSM8K_ANSWER_FIELD)["reward"] == reward
 
 
+def test_brace_less_fraction_is_the_fraction():
+    """``\\frac12`` is one half, never the number 12: a policy that wrote it for 12 would be rewarded for a wrong
+    answer."""
+    assert r1_zero_reward_fn("x </think> <answer> \\frac12 </answer>", "12")["reward"] == 0.0
+    assert r1_zero_reward_fn("x </think> <answer> \\frac12 </answer>", "0.5")["reward"] == 1.0
+
+
+# (answer, ground truth, right): TeX reads each argument of \frac as a braced group or one character, after spaces
+FRACTIONS = [
+    ("\\frac12", "0.5", True),
+    ("\\frac12", "12", False),
+    ("\\dfrac34", "0.75", True),
+    ("\\dfrac34", "34", False),
+    ("\\tfrac12", "0.5", True),
+    ("\\cfrac{1}{2}", "0.5", True),
+    ("\\frac1{2}", "0.5", True),
+    ("\\frac{1}2", "0.5", True),
+    ("\\frac 1 2", "0.5", True),
+    ("\\frac{12}3", "4", True),
+    ("-\\frac12", "-0.5", True),
+    ("-\\frac12", "0.5", False),
+    ("\\boxed{\\frac12}", "0.5", True),
+    ("$\\frac{1}{2}$.", "0.5", True),
+    ("\\frac123", "0.5", False),  # one half, then a 3
+    ("\\frac123", "123", False),
+    ("\\frac123", "1/23", False),
+    ("2\\frac12", "21/2", False),  # a mixed number, not 21/2; nor read as 5/2 (math-verify multiplies)
+    ("\\frac12\\frac12", "0.5", False),  # a product
+    ("\\frac{\\pi}{2}", "2", False),  # a fraction it cannot read is no number, not its denominator
+    ("\\frac{\\frac{1}{2}}{3}", "3", False),
+    ("{2 \\over 2}", "2", False),
+]
+
+
+@pytest.mark.parametrize(("answer", "ground_truth", "right"), FRACTIONS)
+@pytest.mark.parametrize("prompt", ["r1_zero", "boxed", "last_number"])
+def test_latex_fractions_are_read_as_tex_reads_them(answer, ground_truth, right, prompt):
+    """The same reading where the answer is r1_zero's block, question_only's box, and question_only's last number."""
+    response, reward_fn = {
+        "r1_zero": (wrap(answer), r1_zero_reward_fn),
+        "boxed": (f"So the answer is \\boxed{{{answer}}}", question_only_reward_fn),
+        "last_number": (f"So the answer is {answer}", question_only_reward_fn),
+    }[prompt]
+    assert reward_fn(response, ground_truth)["answer_reward"] == float(right)
+
+
+@pytest.mark.parametrize(
+    ("answer", "ground_truth", "right"),
+    [
+        ("\\frac{2}{3}", "0.6666666667", True),  # MAWPS's golds: repeating decimals rounded to 10 places
+        ("2/3", "0.6666666667", True),
+        ("4/6", "0.6666666667", True),
+        ("\\frac23", "0.6666666667", True),
+        ("-2/3", "-0.6666666667", True),
+        ("16/3", "5.3333333333", True),
+        ("10/3", "3.33333", True),  # MAWPS's one gold of 5 places
+        ("0.6666666667", "0.6666666667", True),
+        ("0.67", "0.6666666667", False),  # a decimal answer must be the gold as written
+        ("0.66666666667", "0.6666666667", False),
+        ("0.6666666666", "0.6666666667", False),
+        ("1/3", "0.6666666667", False),
+        ("-2/3", "0.6666666667", False),
+        ("2/3", "-0.6666666667", False),
+        ("6667/10000", "0.6666666667", False),
+        ("10/3", "3.333", False),  # 3 places are exact (ASDiv's 3.333 stays exact)
+        ("1/3", "0.3", False),
+        ("0.46", "0.5", False),
+        ("1/2", "0.5", True),
+    ],
+)
+def test_an_exact_answer_is_right_against_a_rounded_gold(answer, ground_truth, right):
+    assert r1_zero_reward_fn(wrap(answer), ground_truth)["answer_reward"] == float(right)
+    assert question_only_reward_fn(f"\\boxed{{{answer}}}", f"So.\n#### {ground_truth}")["answer_reward"] == float(right)
+
+
+@pytest.mark.parametrize(("places", "max_denominator"), [(ROUNDED_GOLD_PLACES, 31), (6, 50), (10, 50)])
+def test_at_most_one_fraction_rounds_to_a_rounded_gold(places, max_denominator):
+    """For every fraction of [0, 2) with a denominator up to ``max_denominator`` (at 5 places all the rule admits),
+    its value rounded to ``places`` is a gold that accepts it and no other such fraction: the rule cannot pass a
+    second, wrong, answer. Each gold is checked against its neighbours in value, where any other would be."""
+    values = sorted({Fraction(p, q) for q in range(1, max_denominator + 1) for p in range(2 * q)})
+    for index, truth in enumerate(values):
+        gold = Fraction(f"{float(truth):.{places}f}")
+        neighbours = values[max(0, index - 3) : index + 4]
+        assert [value for value in neighbours if value == gold or rounds_to(value, gold, places)] == [truth]
+
+
 def test_ground_truth_field_with_thousands_separator():
     assert r1_zero_reward_fn(wrap("1000"), "He earns 1,000 dollars.\n#### 1,000")["reward"] == 1.0
 
@@ -236,6 +325,12 @@ def _adversarial_responses() -> dict[str, str]:
         "letters": "a" * 100_000,
         "fractions": "\\frac{1}{2}" * 9_000,
         "open_fractions": "\\frac{" * 16_000,
+        "bare_fractions": "\\frac12" * 14_000,
+        "spaced_fractions": "\\frac 1 2 " * 10_000,
+        "half_braced_fractions": "\\frac{1}" * 12_000,
+        "mixed_numbers": "2\\dfrac12" * 11_000,
+        "fraction_commands": "\\tfrac" * 16_000,
+        "overs": "1 \\over 2 " * 10_000,
         "junk": junk,
     }
     responses = dict(bodies)

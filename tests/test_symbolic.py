@@ -13,7 +13,7 @@ from reasonrl.config import EvalConfig, load_params
 from reasonrl.data import GSM8KExample
 from reasonrl.evaluation import evaluate
 from reasonrl.presets import apply_to_file
-from reasonrl.prompts import REWARD_FNS
+from reasonrl.prompts import EXTRACTIONS, REWARD_FNS
 from reasonrl.rewards import MATH_VERIFY, prompt_reward, rewards_for
 from reasonrl.rollouts.types import Sample
 from reasonrl.symbolic import gold_parses, timeouts, verdict
@@ -49,6 +49,66 @@ def test_answers_are_graded_symbolically(answer, gold, correct):
 def test_a_ground_truth_math_verify_cannot_read_is_refused():
     assert gold_parses(PI_PAIR) and gold_parses("$\\frac{48 i-56}{85}$") and gold_parses("18")
     assert not gold_parses("There is no solution.") and not gold_parses("np.arcsin(10/13)")
+
+
+MATRIX_OVER_LINES = "So \\boxed{\\begin{pmatrix}\n1 \\\\\n2\n\\end{pmatrix}}."
+"""A boxed answer written over several lines, as models (and college_math's golds) write matrices."""
+
+
+@pytest.mark.parametrize("prompt", ["r1_zero", "question_only"])
+@pytest.mark.parametrize("extraction", EXTRACTIONS)
+def test_a_boxed_answer_over_several_lines_is_read_whole(prompt, extraction):
+    gold = "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"
+    reward = prompt_reward(prompt, {prompt: MATH_VERIFY}, extraction=extraction)
+    for answer, right in ((MATRIX_OVER_LINES, 1.0), (MATRIX_OVER_LINES.replace("2", "3"), 0.0)):
+        response = R1.format(answer) if prompt == "r1_zero" else answer
+        assert reward(response, gold)["reward"] == right
+    assert verdict("\\begin{pmatrix}\n1 \\\\\n2\n\\end{pmatrix}", gold) == symbolic.Verdict(True)
+
+
+@pytest.mark.parametrize(
+    ("gold", "read_as_if_kept"),
+    [
+        ("\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}", "2/3"),  # Minerva's
+        ("\\max at x=2, min at x=4", "4"),  # college_math's
+        ("\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}", "2"),
+        ("Solution is: [x=1, y=5, z=3]", "3"),
+        ("x \\neq \\pm 5", "5"),
+    ],
+)
+def test_a_gold_read_only_in_part_is_refused(gold, read_as_if_kept):
+    """math-verify's default mode would read a piece of each (the second column): a response stating that piece
+    would be graded right."""
+    assert not gold_parses(gold)
+    assert verdict(read_as_if_kept, gold) == symbolic.Verdict(False)
+
+
+@pytest.mark.parametrize(
+    ("gold", "right", "wrong"),
+    [
+        # OlympiadBench's; 62.5, as math-verify reads $62.5\%$
+        ("62.5%", ["62.5", "62.5\\%", "\\frac{125}{2}"], ["0.625", "6.25"]),
+        ("8 \\%", ["8", "8\\%"], ["0.8"]),
+        ("-1./3", ["-1/3", "-\\frac{1}{3}"], ["-1", "-1/4"]),  # Minerva's
+        ("\\sqrt{27}.", ["3\\sqrt{3}"], ["27"]),  # college_math's
+        (".273.", ["0.273"], ["273"]),
+        (".344,.441, .189, .027.", ["0.344, 0.441, 0.189, 0.027"], ["0.027"]),  # read whole: all four
+        ("\\approx 17.10 \\mathrm{ft}", ["17.1"], ["17"]),
+    ],
+)
+def test_a_gold_with_a_percent_sign_full_stop_or_point_before_a_slash_is_read(gold, right, wrong):
+    assert gold_parses(gold)
+    assert [verdict(answer, gold).correct for answer in right + wrong] == [True] * len(right) + [False] * len(wrong)
+
+
+def test_a_sentence_keeps_its_full_stop_and_stays_unreadable():
+    """Without its full stop math-verify would read the sentence as the product of its letters; an ellipsis is
+    no full stop."""
+    assert symbolic.as_formula("There is no solution.") == "There is no solution."
+    assert symbolic.as_formula("No.") == "No." and symbolic.as_formula("(x, y)=(1,0).") == "(x, y)=(1,0)"
+    assert symbolic.as_formula("\\sqrt{27}.") == "\\sqrt{27}"
+    assert symbolic.as_formula("1, 2, \\ldots") == "1, 2, \\ldots"
+    assert not gold_parses("There is no solution.")
 
 
 def test_a_pathological_answer_runs_out_of_time_is_wrong_and_counted():

@@ -11,8 +11,9 @@ mirror has no copy); the files are checked against the same SHA-256 either way.
 
 The download stage writes each benchmark as GSM8K lines (``reasonrl.data``) beside ``eval.test_sets``, a LaTeX
 answer marked as such. A question whose gold answer its grader cannot read is left out and counted, never graded
-wrong for every model alike: ASDiv's names, yes/no and clock times (no number), college_math's prose answers ("There
-is no solution.", which math-verify cannot read).
+wrong for every model alike: ASDiv's names, yes/no, clock times and ratios (``5:6``: no one number), college_math's
+prose answers ("There is no solution.") and the formulas math-verify reads only in part (``\\max at x=2, min at
+x=4``, which alone it would read as 4: :func:`reasonrl.symbolic.read_whole`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Two prompt styles, two reward functions, both ``(response, ground_truth) -> {"fo
 * :func:`question_only_reward_fn` for the bare question; the answer is the last ``\\boxed{…}``, else the last number.
 
 Answers are compared as exact rationals (:class:`fractions.Fraction`) after normalisation, so ``$1,000.00``,
-``1000`` and ``\\frac{2000}{2}`` agree, and ``0.1 + 0.2``-style float noise cannot creep in.
+``1000``, ``\\frac{2000}{2}`` and ``\\frac{2000}2`` agree, and ``0.1 + 0.2``-style float noise cannot creep in. A
+ground truth written as a decimal of :data:`ROUNDED_GOLD_PLACES` places or more is taken as rounded, and an exact
+fraction that rounds to it is right too (:func:`rounds_to`): ``2/3`` against ``0.6666666667``.
 
 Model output is untrusted: nothing here evaluates it (no ``eval``, no sympy), and every regular expression runs in
 linear time, so a 100 kB adversarial response is scored in a few milliseconds. A reward function never raises:
@@ -38,6 +40,9 @@ MAX_NUMERAL_CHARS = 200
 MAX_ANSWER_NUMBERS = 64
 # Legitimate boxed answers hold a few braces; the cap bounds the scan of "\boxed{{{{{…".
 MAX_BOXED_BRACES = 256
+# How far before the last number a fraction's command can stand and that number still be one of its arguments
+# (two of 40 characters, braces and spaces).
+FRACTION_REACH = 100
 
 # A maximal run of characters that can belong to a numeral ("−" is U+2212, the typographic minus). One character
 # class: linear. Written "[…][…]*" rather than "[…]+" because a leading class lets the regex engine skip other text
@@ -51,9 +56,20 @@ _INFIX_MINUS = re.compile(r"(?<=[0-9.])-")
 # quantifiers, no nesting that can backtrack.
 _DECIMAL = r"(?:[0-9]++(?:\.[0-9]++)?+|\.[0-9]++)"
 _NUMERAL = re.compile(rf"(?P<sign>-?)(?P<numerator>{_DECIMAL})(?:/(?P<denominator>{_DECIMAL}))?+")
-# \frac{1}{2}, \dfrac{1}{2}, \tfrac{1}{2}; each part is short and brace-free, so nested fractions are not read.
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\{\s*+([^{}\s\\]{1,40}+)\s*+\}\{\s*+([^{}\s\\]{1,40}+)\s*+\}")
+# \frac{1}{2}, \dfrac{1}{2}, \tfrac12, \frac 1 2, \frac1{2}, \cfrac{1}{2}: TeX takes each argument as a braced group
+# or a single character, skipping spaces before it. Each part is short and brace-free, so nested fractions are not
+# read; a fraction left unread makes the whole text unreadable (_UNREAD_FRACTION), never a bare number.
+_FRAC_ARGUMENT = r"\s*+(?:\{\s*+([^{}\s\\]{1,40}+)\s*+\}|([^{}\s\\]))"
+_LATEX_FRAC = re.compile(rf"\\[dtc]?frac{_FRAC_ARGUMENT}{_FRAC_ARGUMENT}")
+_UNREAD_FRACTION = re.compile(r"\\(?:[dtc]?frac|over)(?![A-Za-z])")
+# A ground truth that is one plain decimal: its digits after the point are its stated precision.
+_PLAIN_DECIMAL = re.compile("[-\u2212]?[0-9,]*+\\.([0-9]++)")
 _BRACE = re.compile(r"[{}]")
+ROUNDED_GOLD_PLACES = 5
+"""A ground truth written with this many decimal places or more is a rounded value (a repeating decimal cut by a
+program, MAWPS's ``0.6666666667``): no exact answer in GSM8K, SVAMP, ASDiv, MAWPS, AIME 2024 or AMC 2023 has more
+than 3 places, their rounded ones have 5 (``3.33333``) or 10. Fewer places are exact: ``0.5`` is one half, and
+``0.46`` is wrong against it."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,15 +135,27 @@ def _numerals_in_run(run: str) -> list[str]:
 
 
 def normalize_latex(text: str, max_fractions: int = MAX_ANSWER_NUMBERS + 1) -> str:
-    """Rewrite LaTeX fractions as plain ones: ``\\dfrac{1}{2}`` → ``1/2``; ``1{,}000`` → ``1,000``.
+    """Rewrite LaTeX fractions as plain ones: ``\\dfrac{1}{2}`` and ``\\frac12`` → ``1/2 ``; ``1{,}000`` → ``1,000``.
 
-    At most ``max_fractions`` are rewritten: each substitution costs a Python call, and an answer with more
+    A space follows each fraction (``\\frac123`` is ½ then 3, not 1/23) unless a command does (``\\frac12\\frac12``,
+    a product, then reads as no number), and one goes before it after a digit (``2\\frac{1}{2}``, a mixed number, is
+    two numbers, not 21/2). At most ``max_fractions`` are rewritten, which bounds the work; an answer with more
     numbers than that is rejected anyway.
     """
     text = text.replace("{,}", ",")
-    if "frac{" in text:
-        text = _LATEX_FRAC.sub(r"\1/\2", text, count=max_fractions)
-    return text
+    if "frac" not in text:
+        return text
+    pieces, done = [], 0
+    for count, fraction in enumerate(_LATEX_FRAC.finditer(text)):
+        if count == max_fractions:
+            break
+        start, end = fraction.span()
+        glued = start > done and text[start - 1] in "0123456789"
+        pieces += [text[done:start], " " if glued else "", f"{fraction[1] or fraction[2]}/{fraction[3] or fraction[4]}"]
+        pieces.append("" if text.startswith("\\", end) else " ")
+        done = end
+    pieces.append(text[done:])
+    return "".join(pieces)
 
 
 def numbers_in(text: str) -> list[Fraction] | None:
@@ -135,13 +163,16 @@ def numbers_in(text: str) -> list[Fraction] | None:
 
     ``"The answer is $1,000."`` → ``[1000]``; ``"18 or 19"`` → ``[18, 19]``; ``"\\boxed{\\frac{1}{2}}"`` → ``[1/2]``;
     ``"25%"`` → ``[25]``; ``"no number"`` → ``[]``. ``None`` for a malformed number (``"1.2.3"``, ``"1/0"``, a
-    1000-digit run) and for text with more than :data:`MAX_ANSWER_NUMBERS` runs of number characters: an answer is
-    only as good as every number in it.
+    1000-digit run), for a fraction it cannot read (``\\frac{\\pi}{2}``, whose 2 is no answer) and for text with
+    more than :data:`MAX_ANSWER_NUMBERS` runs of number characters: an answer is only as good as every number in it.
     """
     values: list[Fraction] = []
     if _DIGIT.search(text) is None:  # one fast scan spares the slower ones below on long number-free text
         return values
-    for index, run in enumerate(_NUMBER_RUN.finditer(normalize_latex(text))):
+    text = normalize_latex(text)
+    if _UNREAD_FRACTION.search(text):
+        return None
+    for index, run in enumerate(_NUMBER_RUN.finditer(text)):
         if index >= MAX_ANSWER_NUMBERS:
             return None
         for numeral in _numerals_in_run(run[0]):
@@ -175,11 +206,42 @@ def ground_truth_value(ground_truth: str) -> Fraction | None:
     return single_number(ground_truth)
 
 
+def stated_places(ground_truth: str) -> int:
+    """How many decimal places the ground truth (bare, or a GSM8K answer field's final answer) states when it is one
+    plain decimal: ``"0.6666666667"`` → 10, ``"2.5"`` → 1; 0 for anything else (``"72"``, ``"1/3"``)."""
+    if ANSWER_DELIMITER in ground_truth:
+        ground_truth = ground_truth.rpartition(ANSWER_DELIMITER)[2]
+    match = _PLAIN_DECIMAL.fullmatch(ground_truth.strip())
+    return len(match[1]) if match else 0
+
+
+def rounds_to(value: Fraction, gold: Fraction, places: int) -> bool:
+    """Whether ``value``, an exact answer, is what a ground truth ``gold`` written with ``places`` decimal places
+    rounds: ``2/3`` → ``0.6666666667``. Only for :data:`ROUNDED_GOLD_PLACES` places or more, and only for a fraction
+    whose denominator q has 100·q² ≤ 10^places (q ≤ 31 at 5 places, q ≤ 10,000 at 10) lying within half a unit of
+    the last place.
+
+    Why it passes no wrong answer: two such fractions differ by at least 1/q² > 10^-places, while two values that
+    round to the same gold differ by less, so at most one such fraction rounds to the gold; if the true answer is a
+    fraction r/s that rounds to it, a different p/q would lie within 10^-places of it while differing by at least
+    1/(qs), so s > 10^places / q ≥ 10^(places/2 + 1): a million at 10 places, far past any word problem's
+    denominator. A decimal answer must equal the gold as written (``0.67`` is wrong against ``0.6666666667``), and a
+    gold of fewer places is exact (``0.46`` stays wrong against ``0.5``)."""
+    if places < ROUNDED_GOLD_PLACES:
+        return False
+    scale = 10**places
+    return 100 * value.denominator**2 <= scale and 2 * abs(value - gold) * scale < 1
+
+
 def answers_match(answer: str, ground_truth: str) -> bool:
-    """Whether ``answer`` states exactly the ground truth's number: ``answers_match("$1,000.00", "1000")`` is
-    true, ``answers_match("18 or 19", "18")`` is false."""
+    """Whether ``answer`` states exactly the ground truth's number, or the exact fraction a rounded one stands for
+    (:func:`rounds_to`): ``answers_match("$1,000.00", "1000")`` and ``answers_match("\\frac{2}{3}",
+    "0.6666666667")`` are true, ``answers_match("18 or 19", "18")`` is false."""
     expected = ground_truth_value(ground_truth)
-    return expected is not None and single_number(answer) == expected
+    if expected is None:
+        return False
+    value = single_number(answer)
+    return value is not None and (value == expected or rounds_to(value, expected, stated_places(ground_truth)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,26 +306,33 @@ def last_boxed_content(text: str) -> str | None:
 
 
 def last_numeral(text: str) -> str | None:
-    """The last numeral in ``text``: ``"3 + 15 = 18 apples."`` → ``"18"``, ``"half: \\frac{1}{2}"`` → ``"1/2"``,
-    ``"18-20"`` → ``"20"``. ``None`` when ``text`` has no digit."""
+    """The last numeral in ``text``: ``"3 + 15 = 18 apples."`` → ``"18"``, ``"half: \\frac{1}{2}"`` and
+    ``"half: -\\frac12"`` → ``"1/2"`` and ``"-1/2"``, ``"18-20"`` → ``"20"``. ``None`` when ``text`` has no digit.
+    Where the last digits belong to a LaTeX fraction, the text from it on comes back as plain text, which states no
+    single number when it holds more than the fraction (``"\\frac123"`` → ``"1/2 3"``, the mixed number
+    ``"2\\frac12"`` → ``"2 1/2"``) or a fraction that cannot be read (``"\\frac{\\pi}{2}"``, not 2)."""
     # Ten reverse searches for a single character run at memory speed; a forward regex would visit every number of a
     # 100 kB response.
     last_digit = max(text.rfind(digit) for digit in "0123456789")
     if last_digit < 0:
         return None
-    # A LaTeX fraction is one number although its digits sit in two brace groups.
-    frac = text.rfind("frac{", 0, last_digit)
-    if frac > 0:
-        for backslash in range(max(frac - 2, 0), frac):  # "\dfrac", "\tfrac" or "\frac"
-            match = _LATEX_FRAC.match(text, backslash)
-            if match is not None and match.end() > last_digit:
-                return f"{match[1]}/{match[2]}"
-    # Widen to the digit's run. Leftwards only a little past MAX_NUMERAL_CHARS: a run that reaches further is too
-    # long to be a number whatever its true start.
-    before = text[max(0, last_digit - MAX_NUMERAL_CHARS - 1) : last_digit][::-1]
-    run_start = last_digit - _NUMBER_RUN_OR_EMPTY.match(before).end()
+    run_start = _run_start(text, last_digit)
     run_end = _NUMBER_RUN_OR_EMPTY.match(text, last_digit).end()
+    # A LaTeX fraction is one number although its digits sit in two arguments, braced or not.
+    # Nearest first: a fraction read whole that ends before the number leaves it to an outer one (\frac{\frac12}{3}).
+    for command in reversed(list(_UNREAD_FRACTION.finditer(text, max(0, run_start - FRACTION_REACH), run_start + 1))):
+        fraction = _LATEX_FRAC.match(text, command.start())
+        if fraction is None or fraction.end() > run_start:
+            end = max(run_end, fraction.end()) if fraction else run_end
+            return normalize_latex(text[_run_start(text, command.start()) : end]).strip()  # with a sign glued before
     return _numerals_in_run(text[run_start:run_end])[-1]
+
+
+def _run_start(text: str, end: int) -> int:
+    """Where the run of number characters that ends at ``end`` (exclusive) starts. Leftwards only a little past
+    MAX_NUMERAL_CHARS: a run that reaches further is too long to be a number whatever its true start."""
+    before = text[max(0, end - MAX_NUMERAL_CHARS - 1) : end][::-1]
+    return end - _NUMBER_RUN_OR_EMPTY.match(before).end()
 
 
 def extract_final_answer(response: str) -> str | None:
