@@ -81,7 +81,7 @@ def test_results_get_agreement_and_count_in_their_metrics():
     disagreements = add_grader_crosschecks(results)
     assert results["sft"].metrics == {"prompt": "r1_zero", "grader_agreement": 5 / 7, "grader_disagreements": 2}
     assert results["grpo"].metrics["grader_agreement"] == 1.0 and results["grpo"].metrics["grader_disagreements"] == 0
-    assert [d["question_index"] for d in disagreements["sft"]] == [4, 5] and disagreements["grpo"] == []
+    assert [d["question_index"] for d in disagreements["sft"]] == [4, 6] and disagreements["grpo"] == []
 
 
 def test_every_prompt_has_its_answer_text():
