@@ -33,16 +33,17 @@ R1_ZERO_CASES = [
     ("\\frac{1}{2}", "0.5"),  # both right: LaTeX fraction
     ("17", "18"),  # both wrong
     ("2+3", "5"),  # math-verify evaluates the sum; ours reads two different numbers: wrong
-    ("\\$18", "18"),  # ours reads the LaTeX dollar as a dollar; math-verify extracts nothing: wrong
+    ("\\$18", "18"),  # both right: a LaTeX dollar, which math-verify reads whole as it reads a gold
+    ("eighteen (18)", "18"),  # ours reads its one number; math-verify extracts nothing: wrong
 ]
 
 
 def test_agreement_rate_and_disagreements_by_hand():
     crosscheck = crosscheck_grades(r1_zero_records(R1_ZERO_CASES), "r1_zero")
-    assert crosscheck["agreement"] == pytest.approx(4 / 6)
+    assert crosscheck["agreement"] == pytest.approx(5 / 7)
     assert crosscheck["disagreements"] == [
         {"question_index": 4, "ground_truth": "5", "answer": "2+3", "ours_correct": False, "math_verify_correct": True},
-        {"question_index": 5, "ground_truth": "18", "answer": "\\$18", "ours_correct": True,
+        {"question_index": 6, "ground_truth": "18", "answer": "eighteen (18)", "ours_correct": True,
          "math_verify_correct": False},
     ]  # fmt: skip
 
@@ -78,9 +79,9 @@ def test_results_get_agreement_and_count_in_their_metrics():
         "grpo": EvalResult({"prompt": "r1_zero"}, records[:4], Tokens()),
     }
     disagreements = add_grader_crosschecks(results)
-    assert results["sft"].metrics == {"prompt": "r1_zero", "grader_agreement": 4 / 6, "grader_disagreements": 2}
+    assert results["sft"].metrics == {"prompt": "r1_zero", "grader_agreement": 5 / 7, "grader_disagreements": 2}
     assert results["grpo"].metrics["grader_agreement"] == 1.0 and results["grpo"].metrics["grader_disagreements"] == 0
-    assert [d["question_index"] for d in disagreements["sft"]] == [4, 5] and disagreements["grpo"] == []
+    assert [d["question_index"] for d in disagreements["sft"]] == [4, 6] and disagreements["grpo"] == []
 
 
 def test_every_prompt_has_its_answer_text():

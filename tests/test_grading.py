@@ -331,6 +331,8 @@ def _adversarial_responses() -> dict[str, str]:
         "mixed_numbers": "2\\dfrac12" * 11_000,
         "fraction_commands": "\\tfrac" * 16_000,
         "overs": "1 \\over 2 " * 10_000,
+        "fraction_then_spaces": "\\frac" + " " * 99_990 + "12",
+        "spaced_fraction_commands": ("\\frac" + " " * 50) * 1_800 + "1",
         "junk": junk,
     }
     responses = dict(bodies)

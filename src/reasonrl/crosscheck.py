@@ -2,7 +2,7 @@
 
 The project's own grader (:mod:`reasonrl.grading`) stays the reward and the reported accuracy. math-verify reads
 numbers its own way (sympy, LaTeX and expression parsers), so where the two disagree one of them misreads an answer:
-``2+3`` for 5 is right to math-verify (it evaluates) and wrong to ours (two numbers), ``\\$18`` the reverse.
+``2+3`` for 5 is right to math-verify (it evaluates) and wrong to ours (two numbers), ``eighteen (18)`` the reverse.
 
 Both judge the same text: the answer our reward function reads (the ``<answer>`` block for r1_zero, the last
 ``\\boxed{}`` or last number for question_only), against the ground truth. They are compared on the answer check,
