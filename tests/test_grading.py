@@ -429,3 +429,20 @@ def test_garbage_never_raises(reward_fn, response):
     rewards = reward_fn(response, "18")
     assert set(rewards) == {"format_reward", "answer_reward", "reward"}
     assert all(value in (0.0, 1.0) for value in rewards.values())
+
+
+@pytest.mark.parametrize(
+    "answer, ground_truth",
+    [
+        ("\\sqrt{4}", "4"),
+        ("x^2", "2"),
+        ("3^3", "3"),
+        ("3 \\times 3", "3"),
+        ("3 \\cdot 3", "3"),
+        ("\\boxed{\\sqrt{9}}", "9"),
+    ],
+)
+def test_a_root_power_or_product_is_not_the_number_it_repeats(answer, ground_truth):
+    """Every number in ``\\sqrt{4}`` or ``3^3`` is one value, but the answer states another: no reward for it."""
+    assert r1_zero_reward_fn(f"x </think> <answer> {answer} </answer>", ground_truth)["answer_reward"] == 0.0
+    assert question_only_reward_fn(f"so \\boxed{{{answer}}}", ground_truth)["answer_reward"] == 0.0

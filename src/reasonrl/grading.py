@@ -62,6 +62,9 @@ _NUMERAL = re.compile(rf"(?P<sign>-?)(?P<numerator>{_DECIMAL})(?:/(?P<denominato
 _FRAC_ARGUMENT = r"\s*+(?:\{\s*+([^{}\s\\]{1,40}+)\s*+\}|([^{}\s\\]))"
 _LATEX_FRAC = re.compile(rf"\\[dtc]?frac{_FRAC_ARGUMENT}{_FRAC_ARGUMENT}")
 _UNREAD_FRACTION = re.compile(r"\\(?:[dtc]?frac|over)(?![A-Za-z])")
+# A root, a power or a product states a value other than its numbers: \sqrt{4} is 2, 3^3 is 27, 3 \times 3 is 9, yet
+# every number in each is the same one, which single_number would take for the answer.
+_OPERATION = re.compile(r"\\(?:sqrt|times|cdot|div|pm|mp)(?![A-Za-z])|\^")
 # A ground truth that is one plain decimal: its digits after the point are its stated precision.
 _PLAIN_DECIMAL = re.compile("[-\u2212]?[0-9,]*+\\.([0-9]++)")
 _BRACE = re.compile(r"[{}]")
@@ -163,14 +166,15 @@ def numbers_in(text: str) -> list[Fraction] | None:
 
     ``"The answer is $1,000."`` → ``[1000]``; ``"18 or 19"`` → ``[18, 19]``; ``"\\boxed{\\frac{1}{2}}"`` → ``[1/2]``;
     ``"25%"`` → ``[25]``; ``"no number"`` → ``[]``. ``None`` for a malformed number (``"1.2.3"``, ``"1/0"``, a
-    1000-digit run), for a fraction it cannot read (``\\frac{\\pi}{2}``, whose 2 is no answer) and for text with
+    1000-digit run), for a fraction it cannot read (``\\frac{\\pi}{2}``, whose 2 is no answer), for a root, power or
+    product (``\\sqrt{4}``, ``3^3``, ``3 \\times 3``: the value is not any number written) and for text with
     more than :data:`MAX_ANSWER_NUMBERS` runs of number characters: an answer is only as good as every number in it.
     """
     values: list[Fraction] = []
     if _DIGIT.search(text) is None:  # one fast scan spares the slower ones below on long number-free text
         return values
     text = normalize_latex(text)
-    if _UNREAD_FRACTION.search(text):
+    if _UNREAD_FRACTION.search(text) or _OPERATION.search(text):
         return None
     for index, run in enumerate(_NUMBER_RUN.finditer(text)):
         if index >= MAX_ANSWER_NUMBERS:
