@@ -158,6 +158,10 @@ def crashing(response, ground_truth):
 """
 
 
+LONG_RESPONSE = "Let me think step by step. " * 20 + "</think> <answer> 4 </answer>"
+"""Longer than any probe: a reward that passes the probes meets it first at run time (569 characters)."""
+
+
 def test_a_reward_that_breaks_its_contract_at_run_time_is_named_with_the_response(other_tree):
     """It passes the probes; the first long response stops grading with the param and the response, where GRPO
     would otherwise blame NaN advantages on its learning rate."""
@@ -166,7 +170,7 @@ def test_a_reward_that_breaks_its_contract_at_run_time_is_named_with_the_respons
     (other_tree / "rewards/mine.py").write_text(NAN_FOR_LONG)
     check_reward("rewards.mine:reward", other_tree)
     reward = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:reward"}, other_tree)
-    long = "Let me think step by step. " * 20 + "</think> <answer> 4 </answer>"
+    long = LONG_RESPONSE
     message = (
         r"^rewards.r1_zero \(rewards.mine:reward\) must return finite floats; it returned .*nan.* on the response "
         r"'Let me think step by step\. .*' … '.*</answer>' \(569 characters\) with ground truth '4'$"
@@ -227,7 +231,7 @@ def test_a_reward_that_hangs_on_a_response_stops_grading_naming_it_and_the_respo
     handler = signal.getsignal(signal.SIGALRM)
     check_reward("rewards.mine:hangs_on_long", other_tree)
     reward = prompt_reward("r1_zero", {"r1_zero": "rewards.mine:hangs_on_long"}, other_tree)
-    long = "Let me think step by step. " * 20 + "</think> <answer> 4 </answer>"
+    long = LONG_RESPONSE
     message = (
         r"^rewards.r1_zero \(rewards.mine:hangs_on_long\) did not return within 0.5 s on the response "
         r"'Let me think step by step\. .*' … '.*</answer>' \(569 characters\) with ground truth '4'$"

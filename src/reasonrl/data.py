@@ -192,11 +192,9 @@ def fetch(source: str, split: str, scratch: Path, max_bytes: int) -> Iterator[tu
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The SHA-256 of the file at ``path``, as ``sha256sum`` prints it."""
     with path.open("rb") as stream:
-        while chunk := stream.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def verify_sha256(

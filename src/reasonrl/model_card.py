@@ -9,7 +9,6 @@ so a GRPO checkpoint made from a model stays resumable when only its card differ
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from reasonrl.config import ConfigError, Params, flat_dict, from_dict, parse_yaml
+from reasonrl.data import file_sha256
 from reasonrl.markdown import code, longest_backticks, md_inline
 from reasonrl.models import MODEL_CARD, TINY
 from reasonrl.prompts import PLACEHOLDER, Prompt, load_prompt
@@ -160,14 +160,6 @@ def library_versions() -> dict[str, str]:
         return versions | {"reasonrl": importlib.metadata.version("reasonrl")}
     except importlib.metadata.PackageNotFoundError:
         return versions | {"reasonrl": "not installed (the source tree only)"}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def route_sections(params: Params, route: str) -> list[str]:

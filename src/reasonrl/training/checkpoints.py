@@ -37,6 +37,7 @@ from tqdm import tqdm
 from reasonrl.atomic import atomic_directory, exclusive_lock, fsync_path, fsync_tree, remove_temporaries
 from reasonrl.code_deps import SOURCE, code_digest
 from reasonrl.config import flat_dict
+from reasonrl.data import file_sha256
 from reasonrl.distributed import SINGLE, Ranks, load_training_state, training_state
 from reasonrl.errors import UserError
 from reasonrl.models import model_digest
@@ -143,11 +144,6 @@ def checkpoints_in(directory: Path) -> list[Path]:
     return sorted(found, key=_step)
 
 
-def _sha256(file: Path) -> str:
-    with file.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
-
-
 def file_digests(path: Path) -> dict[str, dict[str, Any]]:
     """The size and SHA-256 of each file of checkpoint ``path`` but its state file (which records them), by its
     path there.
@@ -157,7 +153,7 @@ def file_digests(path: Path) -> dict[str, dict[str, Any]]:
     """
     files = sorted(file for file in path.rglob("*") if file.is_file() and file != path / STATE_FILE)
     return {
-        file.relative_to(path).as_posix(): {"bytes": file.stat().st_size, "sha256": _sha256(file)} for file in files
+        file.relative_to(path).as_posix(): {"bytes": file.stat().st_size, "sha256": file_sha256(file)} for file in files
     }
 
 
@@ -306,7 +302,7 @@ def verify_files(path: Path) -> None:
             actual_size = file.stat().st_size
             if actual_size != size:
                 raise CheckpointError(f"{file} is damaged: {actual_size:,} bytes, {size:,} when it was saved")
-            if _sha256(file) != digest:
+            if file_sha256(file) != digest:
                 raise CheckpointError(f"{file} is damaged: its SHA-256 is not the one recorded when it was saved")
         except OSError as error:
             raise CheckpointError(f"{file} cannot be read ({_reason(error)})") from error
